@@ -1,0 +1,443 @@
+"""The portal's data: users, virtual clusters, nodes, jobs, tasks, logs.
+
+State lives here, not in Redis: Redis only carries wake-ups and launch
+requests, and everything it holds can be rebuilt from these tables.
+State changes go through jobs/services.py with conditional UPDATEs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class UsernameValidator(RegexValidator):
+    """OpenPAI's rule: letters, digits and underscore."""
+
+    regex = r"^[A-Za-z0-9_]+\Z"
+    message = "Enter a username of letters, digits and underscores only."
+    flags = 0
+
+
+class User(AbstractUser):
+    username_validator = UsernameValidator()
+    username = models.CharField(
+        "username",
+        max_length=64,
+        unique=True,
+        help_text="Letters, digits and underscores only.",
+        validators=[username_validator],
+        error_messages={"unique": "A user with that username already exists."},
+    )
+
+    @property
+    def is_admin(self) -> bool:
+        return bool(self.is_staff or self.is_superuser)
+
+
+vc_name_validator = RegexValidator(r"^[A-Za-z0-9_]+\Z", "Letters, digits and underscores only.")
+node_name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9\-_.]*\Z", "Letters, digits, - _ and . only.")
+
+
+class VirtualCluster(models.Model):
+    """A share of the cluster (OpenPAI's virtualCluster).
+
+    `capacity` is a percentage of the cluster's CPUs, memory and GPUs of each
+    type; "default" always exists and gets whatever the others leave.
+    """
+
+    DEFAULT = "default"
+
+    name = models.CharField(max_length=64, unique=True, validators=[vc_name_validator])
+    description = models.TextField(blank=True)
+    capacity = models.FloatField(
+        default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
+        help_text="Percent of the cluster's resources. Ignored for 'default', which gets the rest.",
+    )
+    open_to_all = models.BooleanField(default=False, help_text="Every user may submit here.")
+    users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="virtual_clusters")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def allows(self, user: User) -> bool:
+        if self.open_to_all or user.is_admin:
+            return True
+        return self.users.filter(pk=user.pk).exists()
+
+
+class Node(models.Model):
+    class Status(models.TextChoices):
+        READY = "READY", "ready"
+        LOST = "LOST", "lost"
+        DRAINING = "DRAINING", "draining"
+
+    name = models.CharField(max_length=64, unique=True, validators=[node_name_validator])
+    address = models.CharField(max_length=255, help_text="Where users and other tasks reach this node.")
+    docker_host = models.CharField(max_length=255, help_text="Docker engine URL, e.g. unix:///var/run/docker.sock")
+    engine_id = models.CharField(max_length=128, blank=True, help_text="Docker engine ID; nodes sharing one engine share networks.")
+    cpus = models.PositiveIntegerField(default=1)
+    memory_mb = models.PositiveIntegerField(default=1024)
+    # [{"index": 0, "type": "V100"}, ...]
+    gpus = models.JSONField(default=list, blank=True)
+    gpus_simulated = models.BooleanField(default=False)
+    port_start = models.PositiveIntegerField(default=20000)
+    port_end = models.PositiveIntegerField(default=20999)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY, db_index=True)
+    schedulable = models.BooleanField(default=True, help_text="Untick to stop placing new tasks here.")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(auto_now_add=True)
+    agent_pid = models.IntegerField(null=True, blank=True)
+    agent_host = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue_name(self) -> str:
+        return f"node.{self.name}"
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({g["type"] for g in self.gpus})
+
+    def heartbeat_fresh(self, now=None) -> bool:
+        now = now or timezone.now()
+        if self.last_heartbeat is None:
+            return False
+        return now - self.last_heartbeat <= timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
+
+
+class JobQuerySet(models.QuerySet):
+    def visible_to(self, user: User) -> "JobQuerySet":
+        if user.is_admin:
+            return self
+        return self.filter(owner=user)
+
+
+class State(models.TextChoices):
+    WAITING = "WAITING", "waiting"
+    RUNNING = "RUNNING", "running"
+    STOPPING = "STOPPING", "stopping"
+    SUCCEEDED = "SUCCEEDED", "succeeded"
+    FAILED = "FAILED", "failed"
+    STOPPED = "STOPPED", "stopped"
+
+
+FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.STOPPED)
+
+
+class ExitType(models.TextChoices):
+    NONE = "", "-"
+    SUCCEEDED = "SUCCEEDED", "succeeded"
+    USER_EXIT = "USER_EXIT", "the command exited non-zero"
+    OOM = "OOM", "killed for exceeding its memory limit"
+    IMAGE_PULL = "IMAGE_PULL", "image pull failed"
+    NODE_LOST = "NODE_LOST", "node lost"
+    USER_STOP = "USER_STOP", "stopped by user"
+    COMPLETED = "COMPLETED", "stopped because the job completed"
+    PLATFORM = "PLATFORM", "platform error"
+
+
+class Job(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    name = models.CharField(max_length=128)
+    virtual_cluster = models.ForeignKey(VirtualCluster, on_delete=models.PROTECT, related_name="jobs")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.WAITING)
+    config_raw = models.TextField(help_text="The config exactly as submitted, comments included.")
+    config = models.JSONField(help_text="The normalized config: defaults applied, variables substituted.")
+    warnings = models.JSONField(default=list, blank=True)
+    submitted_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    retry_limit = models.PositiveIntegerField(default=0)
+    attempt_number = models.PositiveIntegerField(default=1)
+    exit_type = models.CharField(max_length=16, choices=ExitType.choices, default=ExitType.NONE, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_reason = models.TextField(blank=True)
+    waiting_reason = models.TextField(blank=True)
+    # How many later jobs of its virtual cluster started while this one
+    # waited; see jobs/scheduler.py for the anti-starvation rule.
+    overtaken = models.PositiveIntegerField(default=0)
+    total_tasks = models.PositiveIntegerField(default=0)
+    total_gpus = models.PositiveIntegerField(default=0)
+    total_roles = models.PositiveIntegerField(default=0)
+    gpu_type = models.CharField(max_length=64, blank=True)
+    ssh_private_key = models.TextField(blank=True)
+    ssh_public_key = models.TextField(blank=True)
+    upload_outputs = models.BooleanField(default=False)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="job_name_unique_per_user")]
+        indexes = [
+            models.Index(fields=["state", "virtual_cluster", "id"], name="job_queue_idx"),
+            models.Index(fields=["owner", "-submitted_at"], name="job_owner_recent_idx"),
+            models.Index(fields=["-submitted_at"], name="job_recent_idx"),
+        ]
+        ordering = ["-submitted_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.owner.username}~{self.name}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def retries(self) -> int:
+        return self.attempt_number - 1
+
+    @property
+    def duration(self) -> timedelta | None:
+        if not self.started_at:
+            return None
+        return (self.finished_at or timezone.now()) - self.started_at
+
+
+class JobAttempt(models.Model):
+    """One try of a whole job; retryCount makes more of them."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.WAITING)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_type = models.CharField(max_length=16, choices=ExitType.choices, default=ExitType.NONE, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_reason = models.TextField(blank=True)
+    # A job with more than one task gets its own Docker network per engine,
+    # with this subnet, so its tasks get addresses known before they start.
+    subnet = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="job_attempt_unique"),
+            models.UniqueConstraint(
+                fields=["subnet"], condition=~Q(subnet=""), name="job_attempt_subnet_unique"
+            ),
+        ]
+        ordering = ["number"]
+
+    def __str__(self) -> str:
+        return f"{self.job} attempt {self.number}"
+
+    @property
+    def network_name(self) -> str:
+        return f"{settings.PAI_INSTANCE}-job-{self.job_id}-{self.number}"
+
+
+class Task(models.Model):
+    """A task of a task role: `<role>-<index>` within its job."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tasks")
+    role = models.CharField(max_length=64)
+    index = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "role", "index"], name="task_unique")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
+class TaskState(models.TextChoices):
+    ASSIGNED = "ASSIGNED", "assigned"
+    LAUNCHING = "LAUNCHING", "launching"
+    RUNNING = "RUNNING", "running"
+    SUCCEEDED = "SUCCEEDED", "succeeded"
+    FAILED = "FAILED", "failed"
+    STOPPED = "STOPPED", "stopped"
+
+
+ACTIVE_TASK_STATES = (TaskState.ASSIGNED, TaskState.LAUNCHING, TaskState.RUNNING)
+FINAL_TASK_STATES = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED)
+
+
+class TaskAttempt(models.Model):
+    """One container: a task in one job attempt, on one node."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attempts")
+    job_attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="task_attempts")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="task_attempts")
+    number = models.PositiveIntegerField(help_text="The job attempt number.")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="task_attempts")
+    node_name = models.CharField(max_length=64, blank=True)
+    host_ip = models.CharField(max_length=255, blank=True, help_text="The node's address when placed.")
+    ip = models.CharField(max_length=64, blank=True, help_text="The task's address on its job network.")
+    state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.ASSIGNED)
+    cpus = models.PositiveIntegerField(default=1)
+    memory_mb = models.PositiveIntegerField(default=100)
+    shm_mb = models.PositiveIntegerField(default=64)
+    gpus = models.JSONField(default=list, blank=True)
+    gpu_type = models.CharField(max_length=64, blank=True)
+    ports = models.JSONField(default=dict, blank=True, help_text='{"label": [port, ...]}')
+    container_id = models.CharField(max_length=80, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_type = models.CharField(max_length=16, choices=ExitType.choices, default=ExitType.NONE, blank=True)
+    exit_reason = models.TextField(blank=True)
+    # Why the platform is stopping this task (an ExitType), set before the
+    # container is signalled so the exit is recorded with the right reason.
+    stop_reason = models.CharField(max_length=16, choices=ExitType.choices, default=ExitType.NONE, blank=True)
+    assigned_at = models.DateTimeField(default=timezone.now)
+    launched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    ssh_available = models.BooleanField(null=True, blank=True)
+    kept_for_debug = models.BooleanField(default=False)
+    last_activity_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "number"], name="task_attempt_unique")]
+        indexes = [
+            models.Index(fields=["node", "state"], name="task_attempt_node_state_idx"),
+            models.Index(fields=["state"], name="task_attempt_state_idx"),
+        ]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.task} attempt {self.number}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_TASK_STATES
+
+    @property
+    def hostname(self) -> str:
+        return f"{self.task.role}-{self.task.index}"
+
+
+class GpuAllocation(models.Model):
+    """A GPU held by an active task attempt; the unique constraint is the
+    last line of defence against two tasks getting one GPU."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpu_allocations")
+    index = models.PositiveIntegerField()
+    attempt = models.ForeignKey(TaskAttempt, on_delete=models.CASCADE, related_name="gpu_allocations")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_allocation_unique")]
+
+
+class PortAllocation(models.Model):
+    """A host port held by an active task attempt. Keyed by the node's
+    address: two nodes on one machine share its ports."""
+
+    address = models.CharField(max_length=255)
+    port = models.PositiveIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="port_allocations")
+    attempt = models.ForeignKey(TaskAttempt, on_delete=models.CASCADE, related_name="port_allocations")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["address", "port"], name="port_allocation_unique")]
+
+
+class Stream(models.IntegerChoices):
+    STDOUT = 1, "stdout"
+    STDERR = 2, "stderr"
+
+
+class LogLine(models.Model):
+    attempt = models.ForeignKey(TaskAttempt, on_delete=models.CASCADE, related_name="log_lines")
+    stream = models.PositiveSmallIntegerField(choices=Stream.choices)
+    seq = models.PositiveIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["attempt", "stream", "seq"], name="log_line_unique")]
+        ordering = ["attempt", "stream", "seq"]
+
+
+class LogCursor(models.Model):
+    """How far log capture has got for one stream of one container.
+
+    Written in the same transaction as the lines it covers, so a node agent
+    that dies and restarts resumes exactly after the last stored line.
+    """
+
+    attempt = models.ForeignKey(TaskAttempt, on_delete=models.CASCADE, related_name="log_cursors")
+    stream = models.PositiveSmallIntegerField(choices=Stream.choices)
+    next_seq = models.PositiveIntegerField(default=0)
+    # Docker's timestamp (ns since the epoch) of the last log entry stored,
+    # and how many entries carried exactly that timestamp.
+    last_ts_ns = models.BigIntegerField(default=0)
+    count_at_ts = models.PositiveIntegerField(default=0)
+    bytes_stored = models.BigIntegerField(default=0)
+    truncated = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["attempt", "stream"], name="log_cursor_unique")]
+
+
+class ApiToken(models.Model):
+    """A bearer token for the REST API; only its SHA-256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    label = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+    @property
+    def is_valid(self) -> bool:
+        return self.revoked_at is None and self.expires_at > timezone.now()
+
+
+class SshKey(models.Model):
+    """A user's own public key, authorized in all their jobs' containers."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys")
+    title = models.CharField(max_length=100)
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["title"]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class TerminalSession(models.Model):
+    """Audit record of a browser terminal opened into a task."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="terminal_sessions")
+    attempt = models.ForeignKey(TaskAttempt, on_delete=models.CASCADE, related_name="terminal_sessions")
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    client_address = models.CharField(max_length=64, blank=True)
+    end_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]

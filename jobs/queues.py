@@ -1,0 +1,70 @@
+"""The RQ queues: wake-ups for the scheduler and requests to node agents.
+
+Redis is not the source of truth. Everything put here can be lost (a flush,
+a restart) and rebuilt: node agents re-enqueue pending launches and request a
+scheduling pass when they reconcile.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import django_rq
+from django.conf import settings
+from redis import Redis
+from rq import Queue
+
+SCHEDULE_TIMEOUT = 300
+LAUNCH_TIMEOUT = 3600  # a first pull of a big image can take long
+STOP_TIMEOUT = 120
+
+
+@functools.cache
+def connection() -> Redis:
+    return django_rq.get_connection("default")
+
+
+def _prefix() -> str:
+    return settings.PAI_INSTANCE
+
+
+def scheduler_queue_name() -> str:
+    return f"{_prefix()}.scheduler"
+
+
+def node_queue_name(node_name: str) -> str:
+    return f"{_prefix()}.node.{node_name}"
+
+
+def _schedule_flag() -> str:
+    return f"{_prefix()}:schedule-requested"
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, connection=connection())
+
+
+def request_schedule() -> None:
+    """Ask for a scheduling pass soon. Many requests before the pass starts
+    make one pass: the flag is cleared when a pass begins."""
+    if connection().set(_schedule_flag(), "1", nx=True, ex=30):
+        _queue(scheduler_queue_name()).enqueue(
+            "jobs.tasks.schedule", job_timeout=SCHEDULE_TIMEOUT, result_ttl=0, failure_ttl=86400
+        )
+
+
+def schedule_pass_started() -> None:
+    connection().delete(_schedule_flag())
+
+
+def enqueue_launch(node_name: str, attempt_id: int) -> None:
+    _queue(node_queue_name(node_name)).enqueue(
+        "jobs.tasks.launch_task", attempt_id, job_timeout=LAUNCH_TIMEOUT, result_ttl=0, failure_ttl=86400
+    )
+
+
+def enqueue_stop(node_name: str, attempt_id: int) -> None:
+    _queue(node_queue_name(node_name)).enqueue(
+        "jobs.tasks.stop_task", attempt_id, job_timeout=STOP_TIMEOUT, result_ttl=0, failure_ttl=86400,
+        at_front=True,
+    )

@@ -1,0 +1,348 @@
+"""Gang scheduling over a snapshot of the cluster. Pure: no Django, no I/O.
+
+A job starts only when every task of every task role can be placed at once:
+CPUs, memory, GPUs (whole devices, never shared, of the job's gpuType),
+ports (beginAt 0: any free port in the node's range; otherwise exactly those
+ports) and the job's virtual-cluster quota. Tasks may spread over nodes.
+
+Order and fairness (the rule documented in the README):
+  Waiting jobs are considered first come, first served. A job that does not
+  fit may be overtaken by later, smaller jobs of its virtual cluster
+  (backfilling), but only `max_overtakes` times. After that, its virtual
+  cluster is blocked behind it: no later job of that virtual cluster starts
+  until it has started, so running jobs drain and the big job gets its turn.
+  A job that could never fit (bigger than any node, or than its virtual
+  cluster's whole quota) never blocks anyone.
+
+Placement is best fit: the node left with the fewest free GPUs, then CPUs,
+then memory, so that large holes stay free for large jobs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class NodeState:
+    id: int
+    name: str
+    address: str
+    cpus: int
+    memory_mb: int
+    gpus: dict[int, str]
+    port_start: int
+    port_end: int
+    used_cpus: int = 0
+    used_memory_mb: int = 0
+    used_gpus: set[int] = field(default_factory=set)
+    # Nodes on one machine share one set: ports belong to the address.
+    used_ports: set[int] = field(default_factory=set)
+
+    @property
+    def free_cpus(self) -> int:
+        return self.cpus - self.used_cpus
+
+    @property
+    def free_memory_mb(self) -> int:
+        return self.memory_mb - self.used_memory_mb
+
+    def free_gpus(self, gpu_type: str | None = None) -> list[int]:
+        return sorted(
+            index for index, kind in self.gpus.items()
+            if index not in self.used_gpus and (gpu_type is None or kind == gpu_type)
+        )
+
+    def free_gpu_types(self) -> dict[str, int]:
+        counts: dict[str, int] = defaultdict(int)
+        for index, kind in self.gpus.items():
+            if index not in self.used_gpus:
+                counts[kind] += 1
+        return dict(counts)
+
+
+@dataclass(frozen=True)
+class PortRequest:
+    label: str
+    begin_at: int
+    number: int
+
+
+@dataclass(frozen=True)
+class RoleRequest:
+    name: str
+    task_number: int
+    cpus: int
+    memory_mb: int
+    gpus: int
+    ports: tuple[PortRequest, ...] = ()
+
+    def describe(self, gpu_type: str | None) -> str:
+        gpu = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}" + (f" of type {gpu_type}" if gpu_type and self.gpus else "")
+        return f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}, {self.memory_mb} MB memory, {gpu}"
+
+
+@dataclass
+class JobRequest:
+    id: int
+    vc: str
+    gpu_type: str | None
+    roles: tuple[RoleRequest, ...]
+    overtaken: int = 0
+
+
+@dataclass
+class Quota:
+    """What a virtual cluster may hold, and what it holds now."""
+
+    cpus: float
+    memory_mb: float
+    gpus: dict[str, float]
+    used_cpus: float = 0
+    used_memory_mb: float = 0
+    used_gpus: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def free_gpus(self, gpu_type: str) -> float:
+        return self.gpus.get(gpu_type, 0.0) - self.used_gpus.get(gpu_type, 0.0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    role: str
+    index: int
+    node_id: int
+    gpus: tuple[int, ...]
+    gpu_type: str
+    ports: dict[str, list[int]]
+    cpus: int
+    memory_mb: int
+
+
+@dataclass
+class Decision:
+    placed: dict[int, list[Placement]] = field(default_factory=dict)
+    waiting: dict[int, str] = field(default_factory=dict)
+    never_fits: set[int] = field(default_factory=set)
+    overtaken: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+
+_EPSILON = 1e-9
+
+
+class _Ledger:
+    """Tentative allocations for one job, undone if the gang does not fit."""
+
+    def __init__(self, quota: Quota) -> None:
+        self.quota = quota
+        self.entries: list[tuple[NodeState, Placement]] = []
+
+    def take(self, node: NodeState, placement: Placement) -> None:
+        node.used_cpus += placement.cpus
+        node.used_memory_mb += placement.memory_mb
+        node.used_gpus.update(placement.gpus)
+        for ports in placement.ports.values():
+            node.used_ports.update(ports)
+        self.quota.used_cpus += placement.cpus
+        self.quota.used_memory_mb += placement.memory_mb
+        if placement.gpus:
+            self.quota.used_gpus[placement.gpu_type] += len(placement.gpus)
+        self.entries.append((node, placement))
+
+    def undo(self) -> None:
+        for node, placement in reversed(self.entries):
+            node.used_cpus -= placement.cpus
+            node.used_memory_mb -= placement.memory_mb
+            node.used_gpus.difference_update(placement.gpus)
+            for ports in placement.ports.values():
+                node.used_ports.difference_update(ports)
+            self.quota.used_cpus -= placement.cpus
+            self.quota.used_memory_mb -= placement.memory_mb
+            if placement.gpus:
+                self.quota.used_gpus[placement.gpu_type] -= len(placement.gpus)
+        self.entries.clear()
+
+
+def _pick_ports(node: NodeState, requests: tuple[PortRequest, ...]) -> dict[str, list[int]] | None:
+    taken = set(node.used_ports)
+    chosen: dict[str, list[int]] = {}
+    for request in requests:
+        if request.begin_at:
+            wanted = list(range(request.begin_at, request.begin_at + request.number))
+            if any(port in taken for port in wanted):
+                return None
+        else:
+            wanted = []
+            for port in range(node.port_start, node.port_end + 1):
+                if port not in taken:
+                    wanted.append(port)
+                    if len(wanted) == request.number:
+                        break
+            if len(wanted) < request.number:
+                return None
+        taken.update(wanted)
+        chosen[request.label] = wanted
+    return chosen
+
+
+def _try_node(node: NodeState, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota) -> Placement | None:
+    if node.free_cpus < role.cpus or node.free_memory_mb < role.memory_mb:
+        return None
+    if quota.cpus - quota.used_cpus < role.cpus - _EPSILON or quota.memory_mb - quota.used_memory_mb < role.memory_mb - _EPSILON:
+        return None
+    gpus: tuple[int, ...] = ()
+    chosen_type = ""
+    if role.gpus:
+        # Of the types this node offers, take the one with the fewest free
+        # devices that still fits: keeps whole groups free for bigger asks.
+        candidates = [gpu_type] if gpu_type else sorted(node.free_gpu_types(), key=lambda t: (len(node.free_gpus(t)), t))
+        for kind in candidates:
+            free = node.free_gpus(kind)
+            if len(free) >= role.gpus and quota.free_gpus(kind) >= role.gpus - _EPSILON:
+                gpus, chosen_type = tuple(free[: role.gpus]), kind
+                break
+        else:
+            return None
+    ports = _pick_ports(node, role.ports)
+    if ports is None:
+        return None
+    return Placement(role=role.name, index=index, node_id=node.id, gpus=gpus, gpu_type=chosen_type,
+                     ports=ports, cpus=role.cpus, memory_mb=role.memory_mb)
+
+
+def _fit_score(node: NodeState, placement: Placement) -> tuple:
+    free_gpus_after = len(node.free_gpus(placement.gpu_type or None)) - len(placement.gpus) if placement.gpus else len(node.free_gpus())
+    return (free_gpus_after, node.free_cpus - placement.cpus, node.free_memory_mb - placement.memory_mb, node.name)
+
+
+def _hardest_first(roles: tuple[RoleRequest, ...]) -> list[RoleRequest]:
+    return sorted(roles, key=lambda r: (-r.gpus, -r.cpus, -r.memory_mb))
+
+
+def place_job(job: JobRequest, nodes: list[NodeState], quota: Quota) -> list[Placement] | None:
+    """Place every task of `job` or nothing; on success the allocations stay
+    applied to `nodes` and `quota`."""
+    ledger = _Ledger(quota)
+    placements: list[Placement] = []
+    for role in _hardest_first(job.roles):
+        for index in range(role.task_number):
+            options = [p for p in (_try_node(n, role, index, job.gpu_type, quota) for n in nodes) if p]
+            if not options:
+                ledger.undo()
+                return None
+            by_id = {n.id: n for n in nodes}
+            best = min(options, key=lambda p: _fit_score(by_id[p.node_id], p))
+            ledger.take(by_id[best.node_id], best)
+            placements.append(best)
+    return placements
+
+
+def _quota_words(quota: Quota, vc: str, role: RoleRequest, gpu_type: str | None) -> str:
+    parts = [f"{_num(quota.cpus - quota.used_cpus)} CPUs", f"{_num(quota.memory_mb - quota.used_memory_mb)} MB memory"]
+    if role.gpus:
+        types = [gpu_type] if gpu_type else sorted(quota.gpus)
+        gpu_parts = [f"{_num(quota.free_gpus(t))} GPUs of type {t}" for t in types] or ["no GPUs"]
+        parts.append(", ".join(gpu_parts))
+    return f"virtual cluster '{vc}' has {', '.join(parts)} free"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if abs(value - round(value)) < 1e-6 else f"{value:.1f}"
+
+
+def _best_node_words(nodes: list[NodeState], role: RoleRequest, gpu_type: str | None) -> str:
+    if not nodes:
+        return "no node is ready"
+    def free_gpu_count(node: NodeState) -> int:
+        return len(node.free_gpus(gpu_type))
+    best = max(nodes, key=lambda n: (free_gpu_count(n) if role.gpus else 0, n.free_cpus, n.free_memory_mb))
+    gpu_words = f", {free_gpu_count(best)} GPUs" + (f" of type {gpu_type}" if gpu_type else "") if role.gpus else ""
+    return f"the most free on one node is {best.free_cpus} CPUs, {best.free_memory_mb} MB memory{gpu_words} ({best.name})"
+
+
+def explain_wait(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str:
+    """Why `job` does not fit now, in words, for its hardest role."""
+    role = _hardest_first(job.roles)[0]
+    for candidate in _hardest_first(job.roles):
+        if not any(_try_node(n, candidate, 0, job.gpu_type, quota) for n in nodes):
+            role = candidate
+            break
+    count = f"{role.task_number} tasks" if role.task_number != 1 else "1 task"
+    fixed = [p for p in role.ports if p.begin_at]
+    port_words = ""
+    if fixed:
+        port_words = "; fixed ports " + ", ".join(f"{p.begin_at}-{p.begin_at + p.number - 1}" if p.number > 1 else str(p.begin_at) for p in fixed)
+    return (
+        f"needs {count} of role {role.name} with {role.describe(job.gpu_type)} each{port_words}; "
+        f"{_best_node_words(nodes, role, job.gpu_type)}; {_quota_words(quota, job.vc, role, job.gpu_type)}"
+    )
+
+
+def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | None:
+    """A reason if `job` could not fit even on an idle cluster, else None.
+    Looks only at totals, never at what is in use."""
+    if not nodes:
+        return None
+    for role in job.roles:
+        fits_somewhere = False
+        for node in nodes:
+            types = [job.gpu_type] if job.gpu_type else (sorted(set(node.gpus.values())) or [None])
+            gpu_ok = role.gpus == 0 or any(sum(1 for t in node.gpus.values() if t == kind) >= role.gpus for kind in types)
+            auto_ports = sum(p.number for p in role.ports if not p.begin_at)
+            if node.cpus >= role.cpus and node.memory_mb >= role.memory_mb and gpu_ok and auto_ports <= node.port_end - node.port_start + 1:
+                fits_somewhere = True
+                break
+        if not fits_somewhere:
+            return f"can never fit: no node has {role.describe(job.gpu_type)} for one task of role {role.name}"
+    total_cpus = sum(r.cpus * r.task_number for r in job.roles)
+    total_memory = sum(r.memory_mb * r.task_number for r in job.roles)
+    total_gpus = sum(r.gpus * r.task_number for r in job.roles)
+    if total_cpus > quota.cpus + _EPSILON:
+        return f"can never fit: needs {total_cpus} CPUs but virtual cluster '{job.vc}' holds {_num(quota.cpus)}"
+    if total_memory > quota.memory_mb + _EPSILON:
+        return f"can never fit: needs {total_memory} MB memory but virtual cluster '{job.vc}' holds {_num(quota.memory_mb)} MB"
+    gpu_quota = quota.gpus.get(job.gpu_type, 0.0) if job.gpu_type else sum(quota.gpus.values())
+    if total_gpus > gpu_quota + _EPSILON:
+        kind = f" of type {job.gpu_type}" if job.gpu_type else ""
+        return f"can never fit: needs {total_gpus} GPUs{kind} but virtual cluster '{job.vc}' holds {_num(gpu_quota)}"
+    return None
+
+
+def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Quota],
+             *, max_overtakes: int) -> Decision:
+    """Decide which waiting jobs start now. `jobs` must be in submission order.
+
+    Placements are applied to `nodes` and `quotas` as they are made.
+    """
+    decision = Decision()
+    blocked: dict[str, int] = {}
+    passed_over: dict[str, list[JobRequest]] = defaultdict(list)
+    for job in jobs:
+        quota = quotas.get(job.vc)
+        if quota is None:
+            decision.waiting[job.id] = f"virtual cluster '{job.vc}' does not exist"
+            continue
+        if job.vc in blocked:
+            decision.waiting[job.id] = (
+                f"queued behind job #{blocked[job.vc]}, which was overtaken {max_overtakes} times and now "
+                f"goes first in virtual cluster '{job.vc}'"
+            )
+            continue
+        placements = place_job(job, nodes, quota)
+        if placements is not None:
+            decision.placed[job.id] = placements
+            for earlier in passed_over[job.vc]:
+                decision.overtaken[earlier.id] += 1
+                if earlier.overtaken + decision.overtaken[earlier.id] >= max_overtakes and job.vc not in blocked:
+                    blocked[job.vc] = earlier.id
+            continue
+        reason = never_fits(job, nodes, quota)
+        if reason:
+            decision.never_fits.add(job.id)
+            decision.waiting[job.id] = reason
+            continue
+        decision.waiting[job.id] = explain_wait(job, nodes, quota)
+        passed_over[job.vc].append(job)
+        if job.overtaken >= max_overtakes:
+            blocked[job.vc] = job.id
+    return decision

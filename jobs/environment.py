@@ -30,6 +30,17 @@ class PeerTask:
     gpus: tuple[int, ...] = ()
 
 
+def platform_port_labels(declared: list[str]) -> list[str]:
+    """Labels the platform adds to a task role's ports: `ssh` for sshd
+    (unless the user declared it), and `main` when no user port exists."""
+    extra = []
+    if SSH_PORT_LABEL not in declared:
+        extra.append(SSH_PORT_LABEL)
+    if not [label for label in declared if label != SSH_PORT_LABEL]:
+        extra.append(MAIN_PORT_LABEL)
+    return extra
+
+
 def main_port(spec: JobSpec, role_name: str, ports: dict[str, list[int]]) -> int | None:
     """The task's first user port: first port of the first declared label."""
     role = spec.role(role_name)

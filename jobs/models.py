@@ -81,7 +81,6 @@ class Node(models.Model):
     class Status(models.TextChoices):
         READY = "READY", "ready"
         LOST = "LOST", "lost"
-        DRAINING = "DRAINING", "draining"
 
     name = models.CharField(max_length=64, unique=True, validators=[node_name_validator])
     address = models.CharField(max_length=255, help_text="Where users and other tasks reach this node.")
@@ -356,6 +355,9 @@ class PortAllocation(models.Model):
 class Stream(models.IntegerChoices):
     STDOUT = 1, "stdout"
     STDERR = 2, "stderr"
+    # What the platform did for the task (image pull, code staging, sshd,
+    # output upload), kept apart from what the command printed.
+    PLATFORM = 3, "platform"
 
 
 class LogLine(models.Model):

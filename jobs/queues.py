@@ -57,10 +57,26 @@ def schedule_pass_started() -> None:
     connection().delete(_schedule_flag())
 
 
+def _launch_marker(attempt_id: int) -> str:
+    return f"{_prefix()}:launch-requested:{attempt_id}"
+
+
 def enqueue_launch(node_name: str, attempt_id: int) -> None:
+    connection().set(_launch_marker(attempt_id), "1", ex=LAUNCH_TIMEOUT)
     _queue(node_queue_name(node_name)).enqueue(
         "jobs.tasks.launch_task", attempt_id, job_timeout=LAUNCH_TIMEOUT, result_ttl=0, failure_ttl=86400
     )
+
+
+def enqueue_launch_if_lost(node_name: str, attempt_id: int) -> None:
+    """Re-send a launch request only if Redis no longer knows of one (it was
+    flushed or restarted); a request still queued is left alone."""
+    if not connection().exists(_launch_marker(attempt_id)):
+        enqueue_launch(node_name, attempt_id)
+
+
+def launch_started(attempt_id: int) -> None:
+    connection().delete(_launch_marker(attempt_id))
 
 
 def enqueue_stop(node_name: str, attempt_id: int) -> None:

@@ -10,7 +10,6 @@ and jobs with unique names (see `make_user`).
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +18,8 @@ import pytest
 from django.conf import settings
 
 from tests import services as test_services
-from tests.settings import TEST_ENV, TEST_VAR
+from tests.cluster import Cluster, remove_test_containers
+from tests.settings import TEST_VAR
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,9 +37,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _database(django_db_blocker) -> Iterator[None]:
-    """Migrate the session's database and leave access open for every test."""
+    """Migrate the session's database and leave access open for every test.
+    The private Redis starts here too when it can: saving a job wakes the
+    scheduler through it."""
     from django.core.management import call_command
 
+    if shutil.which("redis-server"):
+        test_services.start_redis()
     django_db_blocker.unblock()
     call_command("migrate", verbosity=0)
     call_command("ensure_defaults", verbosity=0)
@@ -61,7 +65,32 @@ def docker_engine() -> str:
     return settings.DOCKER_HOST
 
 
+@pytest.fixture(scope="session")
+def static_files() -> None:
+    """The portal serves collected static files (whitenoise's manifest)."""
+    from django.core.management import call_command
+
+    call_command("collectstatic", interactive=False, verbosity=0)
+
+
+@pytest.fixture(scope="session")
+def cluster(redis_server, docker_engine, static_files) -> Iterator[Cluster]:
+    """Two node agents (4 simulated V100s; 2 simulated TITANXs) and the
+    portal under gunicorn, all real processes."""
+    remove_test_containers()
+    running = Cluster()
+    try:
+        running.start_agent("t-node-a", ports="31000-31199", gpus=4, gpu_type="V100")
+        running.start_agent("t-node-b", ports="31200-31399", gpus=2, gpu_type="TITANX")
+        running.start_portal()
+        yield running
+    finally:
+        running.stop_all()
+        remove_test_containers()
+
+
 _counter = itertools.count()
+_users_made: list = []
 
 
 def unique(prefix: str) -> str:
@@ -69,15 +98,32 @@ def unique(prefix: str) -> str:
 
 
 @pytest.fixture
-def make_user() -> Callable[..., object]:
+def make_user() -> Iterator[Callable[..., object]]:
+    """Users with unique names; their unfinished jobs are stopped after the
+    test, so one failing test does not leave the cluster busy for the next."""
     from jobs.models import User
+
+    made: list[User] = []
 
     def make(prefix: str = "user", *, admin: bool = False, password: str = "pw-for-tests-1") -> User:
         user = User.objects.create_user(unique(prefix), password=password, is_staff=admin, is_superuser=admin)
         user.test_password = password  # type: ignore[attr-defined]
+        made.append(user)
         return user
 
-    return make
+    yield make
+    _stop_jobs_of(made)
+
+
+def _stop_jobs_of(users: list) -> None:
+    from jobs import services
+    from jobs.models import FINAL_STATES, Job
+
+    for job in Job.objects.filter(owner__in=users).exclude(state__in=FINAL_STATES):
+        try:
+            services.job_stop(job=job, by=job.owner)
+        except services.JobStateError:
+            pass
 
 
 @pytest.fixture
@@ -93,12 +139,3 @@ def bob(make_user):
 @pytest.fixture
 def admin_user(make_user):
     return make_user("admin", admin=True)
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for processes the tests start: the test settings."""
-    env = dict(os.environ)
-    env.update(TEST_ENV)
-    env["DJANGO_SETTINGS_MODULE"] = "portal.settings"
-    env.update(extra)
-    return env

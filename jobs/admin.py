@@ -1,0 +1,105 @@
+"""Django admin: users, virtual clusters, nodes, jobs and their history."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from jobs import services
+from jobs.models import (
+    ApiToken,
+    GpuAllocation,
+    Job,
+    JobAttempt,
+    Node,
+    PortAllocation,
+    SshKey,
+    Task,
+    TaskAttempt,
+    TerminalSession,
+    User,
+    VirtualCluster,
+)
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    list_display = ("username", "email", "is_staff", "is_active", "last_login")
+
+
+@admin.register(VirtualCluster)
+class VirtualClusterAdmin(admin.ModelAdmin):
+    list_display = ("name", "capacity", "open_to_all", "description")
+    filter_horizontal = ("users",)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "address", "status", "schedulable", "cpus", "memory_mb", "gpu_summary", "gpus_simulated", "last_heartbeat")
+    list_filter = ("status", "schedulable", "gpus_simulated")
+    readonly_fields = ("engine_id", "last_heartbeat", "registered_at", "agent_pid", "agent_host")
+
+    @admin.display(description="GPUs")
+    def gpu_summary(self, node: Node) -> str:
+        return ", ".join(f"{len([g for g in node.gpus if g['type'] == t])}×{t}" for t in node.gpu_types) or "-"
+
+
+class JobAttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    fields = ("number", "state", "started_at", "finished_at", "exit_type", "exit_code", "exit_reason")
+    readonly_fields = fields
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("name", "owner", "virtual_cluster", "state", "submitted_at", "attempt_number", "total_tasks", "total_gpus")
+    list_filter = ("state", "virtual_cluster")
+    search_fields = ("name", "owner__username")
+    readonly_fields = ("config_raw", "config", "warnings", "ssh_public_key", "submitted_at", "started_at", "finished_at")
+    exclude = ("ssh_private_key",)
+    inlines = [JobAttemptInline]
+    actions = ["stop_jobs"]
+
+    @admin.action(description="Stop the selected jobs")
+    def stop_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        stopped = 0
+        for job in queryset:
+            try:
+                services.job_stop(job=job, by=request.user)
+                stopped += 1
+            except services.JobStateError:
+                pass
+        self.message_user(request, f"asked {stopped} job(s) to stop")
+
+
+@admin.register(TaskAttempt)
+class TaskAttemptAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "node_name", "state", "exit_type", "exit_code", "started_at", "finished_at")
+    list_filter = ("state", "exit_type", "node_name")
+    raw_id_fields = ("task", "job_attempt", "job", "node")
+
+
+admin.site.register(Task)
+admin.site.register(GpuAllocation)
+admin.site.register(PortAllocation)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "user", "label", "created_at", "expires_at", "revoked_at", "last_used_at")
+    readonly_fields = ("key_hash", "prefix")
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    list_display = ("title", "user", "fingerprint", "created_at")
+
+
+@admin.register(TerminalSession)
+class TerminalSessionAdmin(admin.ModelAdmin):
+    list_display = ("user", "attempt", "started_at", "ended_at", "client_address", "end_reason")
+    readonly_fields = ("user", "attempt", "started_at", "ended_at", "client_address", "end_reason")

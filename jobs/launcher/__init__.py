@@ -1,0 +1,365 @@
+"""The Docker engine: the only package that imports `docker`.
+
+It takes and returns plain dataclasses, so nothing above it knows the SDK.
+The low-level API is used on the hot path (create, start, logs) because the
+high-level objects inspect the container again after every call.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, LogConfig
+
+PROLOGUE = (Path(__file__).with_name("prologue.sh")).read_text()
+
+# Labels on everything we create; `instance` keeps portals that share an
+# engine (a test run beside a live portal) out of each other's way.
+LABEL_INSTANCE = "pai.instance"
+LABEL_NODE = "pai.node"
+LABEL_JOB = "pai.job"
+LABEL_JOB_ATTEMPT = "pai.job-attempt"
+LABEL_TASK_ATTEMPT = "pai.task-attempt"
+LABEL_TASK = "pai.task"
+LABEL_OWNER = "pai.user"
+
+
+class LaunchError(Exception):
+    """A task could not start. `kind` is an ExitType name: IMAGE_PULL or PLATFORM."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RegistryAuth:
+    registry: str
+    username: str
+    password: str
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    id: str
+    name: str
+    cpus: int
+    memory_bytes: int
+
+
+@dataclass
+class ContainerSpec:
+    name: str
+    image: str
+    command: str
+    env: dict[str, str]
+    labels: dict[str, str]
+    hostname: str
+    cpus: float
+    memory_mb: int
+    shm_mb: int
+    ports: list[int]
+    bind_address: str
+    network: str
+    ip: str = ""
+    extra_hosts: dict[str, str] = field(default_factory=dict)
+    gpu_device_ids: list[str] = field(default_factory=list)
+    code_dir: str = ""  # host folder mounted read-only at /pai/code
+    pids_limit: int = 4096
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    id: str
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    labels: dict[str, str]
+
+
+_TS_RE = re.compile(rb"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z ")
+
+
+def parse_log_timestamp(frame: bytes) -> tuple[int, bytes]:
+    """Split a `timestamps=true` log frame into (ns since epoch, payload)."""
+    match = _TS_RE.match(frame)
+    if match is None:
+        return 0, frame
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction = (match.group(7) or b"0").ljust(9, b"0")
+    moment = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
+    seconds = int(moment.timestamp())
+    return seconds * 1_000_000_000 + int(fraction), frame[match.end():]
+
+
+def _docker_time(value: str | None) -> datetime | None:
+    if not value or value.startswith("0001-"):
+        return None
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?", value)
+    if not match:
+        return None
+    base = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    micros = int((match.group(2) or "0")[:6].ljust(6, "0"))
+    return base.replace(microsecond=micros)
+
+
+def _scrub(message: str, auth: RegistryAuth | None) -> str:
+    if auth and auth.password:
+        message = message.replace(auth.password, "********")
+    return message
+
+
+class Engine:
+    """One Docker engine, reached at `base_url`."""
+
+    def __init__(self, base_url: str, *, timeout: int = 60) -> None:
+        self.base_url = base_url
+        self._local = threading.local()
+        self._timeout = timeout
+
+    @property
+    def api(self) -> docker.APIClient:
+        # One client per thread: requests' connection pools are not meant
+        # to be shared by hundreds of threads each holding a log stream.
+        client = getattr(self._local, "api", None)
+        if client is None:
+            client = docker.APIClient(base_url=self.base_url, timeout=self._timeout, version="auto")
+            self._local.api = client
+        return client
+
+    def close_thread_client(self) -> None:
+        client = getattr(self._local, "api", None)
+        if client is not None:
+            client.close()
+            self._local.api = None
+
+    def info(self) -> EngineInfo:
+        data = self.api.info()
+        return EngineInfo(id=data.get("ID", ""), name=data.get("Name", ""), cpus=int(data.get("NCPU", 1)),
+                          memory_bytes=int(data.get("MemTotal", 0)))
+
+    # ---------------------------------------------------------------- images
+
+    def has_image(self, image: str) -> bool:
+        try:
+            self.api.inspect_image(image)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    def ensure_image(self, image: str, auth: RegistryAuth | None = None) -> bool:
+        """Pull `image` unless present; True if it was pulled."""
+        if self.has_image(image):
+            return False
+        repository, tag = _split_image(image)
+        auth_config = None
+        if auth:
+            auth_config = {"username": auth.username, "password": auth.password, "serveraddress": auth.registry}
+        try:
+            for event in self.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=auth_config):
+                if isinstance(event, dict) and event.get("error"):
+                    raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
+        except docker.errors.APIError as exc:
+            raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {exc.explanation or exc}", auth)) from None
+        except requests.exceptions.RequestException as exc:
+            raise LaunchError("IMAGE_PULL", f"could not pull image {image}: {exc.__class__.__name__}") from None
+        if not self.has_image(image):
+            raise LaunchError("IMAGE_PULL", f"could not pull image {image}: the registry sent nothing")
+        return True
+
+    # -------------------------------------------------------------- networks
+
+    def ensure_network(self, name: str, *, labels: dict[str, str], subnet: str = "", isolated: bool = False) -> None:
+        """Create a bridge network unless it exists. `isolated` turns off
+        traffic between its containers (the shared one-task-job network)."""
+        if self._network_exists(name):
+            return
+        ipam = None
+        if subnet:
+            gateway = str(next(ipaddress.ip_network(subnet).hosts()))
+            ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=subnet, gateway=gateway)])
+        options = {"com.docker.network.bridge.enable_icc": "false"} if isolated else None
+        try:
+            self.api.create_network(name, driver="bridge", ipam=ipam, labels=labels, options=options, check_duplicate=True)
+        except docker.errors.APIError as exc:
+            # Another agent on this engine may be creating it this very moment
+            # (Docker then says the pool overlaps before the name exists).
+            for _ in range(25):
+                if self._network_exists(name):
+                    return
+                time.sleep(0.2)
+            raise LaunchError("PLATFORM", f"could not create network {name}: {exc.explanation or exc}") from None
+
+    def _network_exists(self, name: str) -> bool:
+        return any(n["Name"] == name for n in self.api.networks(names=[name]))
+
+    def remove_network(self, name: str) -> bool:
+        try:
+            self.api.remove_network(name)
+        except docker.errors.NotFound:
+            return True
+        except docker.errors.APIError:
+            return False  # still has containers attached
+        return True
+
+    def networks(self, labels: dict[str, str]) -> list[tuple[str, dict[str, str], int]]:
+        """(name, labels, attached containers) of our networks."""
+        found = []
+        for summary in self.api.networks(filters={"label": [f"{k}={v}" for k, v in labels.items()]}):
+            detail = self.api.inspect_network(summary["Id"])
+            found.append((detail["Name"], detail.get("Labels") or {}, len(detail.get("Containers") or {})))
+        return found
+
+    def disconnect(self, container_id: str, network: str) -> None:
+        try:
+            self.api.disconnect_container_from_network(container_id, network, force=True)
+        except docker.errors.APIError:
+            pass
+
+    # ------------------------------------------------------------ containers
+
+    def run(self, spec: ContainerSpec) -> str:
+        """Create and start the task's container; adopt it if it exists."""
+        port_bindings = {f"{p}/tcp": (spec.bind_address, p) for p in spec.ports}
+        device_requests = (
+            [DeviceRequest(driver="nvidia", device_ids=spec.gpu_device_ids, capabilities=[["gpu"]])]
+            if spec.gpu_device_ids else None
+        )
+        binds = {spec.code_dir: {"bind": "/pai/code", "mode": "ro"}} if spec.code_dir else None
+        host_config = self.api.create_host_config(
+            nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_mb * 1024 * 1024,
+            memswap_limit=spec.memory_mb * 1024 * 1024, shm_size=spec.shm_mb * 1024 * 1024 if spec.shm_mb else None,
+            port_bindings=port_bindings, device_requests=device_requests, binds=binds, init=True,
+            extra_hosts=spec.extra_hosts or None, network_mode=spec.network, privileged=False,
+            pids_limit=spec.pids_limit, log_config=LogConfig(type="json-file", config={"max-size": "200m", "max-file": "2"}),
+        )
+        endpoint = EndpointConfig(version=self.api._version, ipv4_address=spec.ip or None, aliases=[spec.hostname])
+        networking = self.api.create_networking_config({spec.network: endpoint})
+        try:
+            created = self.api.create_container(
+                spec.image, command=["/bin/sh", "-c", PROLOGUE, "pai-task", spec.command], hostname=spec.hostname,
+                environment=spec.env, labels=spec.labels, ports=[(p, "tcp") for p in spec.ports],
+                host_config=host_config, networking_config=networking, name=spec.name, detach=True,
+            )
+            container_id = created["Id"]
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                raise LaunchError("PLATFORM", f"could not create the container: {exc.explanation or exc}") from None
+            container_id = self.api.inspect_container(spec.name)["Id"]
+        try:
+            self.api.start(container_id)
+        except docker.errors.APIError as exc:
+            state = self.state(container_id)
+            if state is None or not (state.running or state.finished_at):
+                self.remove(container_id)
+                raise LaunchError("PLATFORM", f"could not start the container: {exc.explanation or exc}") from None
+        return container_id
+
+    def state(self, container_id: str) -> ContainerState | None:
+        try:
+            data = self.api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return None
+        status = data["State"]
+        return ContainerState(
+            id=data["Id"], running=bool(status.get("Running")),
+            exit_code=None if status.get("Running") else status.get("ExitCode"),
+            oom_killed=bool(status.get("OOMKilled")), error=status.get("Error") or "",
+            started_at=_docker_time(status.get("StartedAt")), finished_at=_docker_time(status.get("FinishedAt")),
+            labels=data["Config"].get("Labels") or {},
+        )
+
+    def wait(self, container_id: str) -> ContainerState | None:
+        try:
+            self.api.wait(container_id, timeout=None)
+        except docker.errors.NotFound:
+            return None
+        except requests.exceptions.RequestException:
+            pass  # connection dropped; the state tells us where we are
+        return self.state(container_id)
+
+    def signal(self, container_id: str, signal: str = "SIGTERM") -> None:
+        try:
+            self.api.kill(container_id, signal=signal)
+        except docker.errors.APIError:
+            pass  # already stopped or gone: nothing left to signal
+
+    def remove(self, container_id: str) -> None:
+        try:
+            self.api.remove_container(container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise
+
+    def containers(self, labels: dict[str, str]) -> list[ContainerState]:
+        summaries = self.api.containers(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+        states = [self.state(s["Id"]) for s in summaries]
+        return [s for s in states if s is not None]
+
+    def follow_logs(self, container_id: str, stream: int, *, since_ns: int = 0) -> Iterator[tuple[int, bytes]]:
+        """Yield (timestamp ns, payload) for each log entry of stdout (1) or
+        stderr (2), following until the container stops."""
+        since = since_ns // 1_000_000_000 if since_ns else None
+        frames = self.api.logs(
+            container_id, stdout=stream == 1, stderr=stream == 2, stream=True, follow=True,
+            timestamps=True, since=since or None,
+        )
+        for frame in frames:
+            yield parse_log_timestamp(frame)
+
+    def exec_status(self, container_id: str, command: list[str]) -> int | None:
+        try:
+            exec_id = self.api.exec_create(container_id, command, stdout=False, stderr=False)["Id"]
+            self.api.exec_start(exec_id)
+            return self.api.exec_inspect(exec_id).get("ExitCode")
+        except docker.errors.APIError:
+            return None
+
+    def archive(self, container_id: str, path: str) -> Iterator[bytes] | None:
+        """A tar stream of `path` in the container (works once it stopped)."""
+        try:
+            stream, _stat = self.api.get_archive(container_id, path)
+        except docker.errors.NotFound:
+            return None
+        return stream
+
+    def open_terminal(self, container_id: str, *, command: list[str], env: list[str] | None = None) -> tuple[str, socket.socket]:
+        """An interactive exec with a TTY; returns (exec id, raw socket)."""
+        exec_id = self.api.exec_create(container_id, command, stdin=True, tty=True, environment=env)["Id"]
+        sock = self.api.exec_start(exec_id, tty=True, socket=True)
+        raw = getattr(sock, "_sock", sock)
+        return exec_id, raw
+
+    def resize_terminal(self, exec_id: str, *, rows: int, cols: int) -> None:
+        try:
+            self.api.exec_resize(exec_id, height=rows, width=cols)
+        except docker.errors.APIError:
+            pass
+
+
+def _split_image(image: str) -> tuple[str, str]:
+    """("repo", "tag") for pull; digests stay in the repository part."""
+    if "@" in image:
+        return image, ""
+    last = image.rsplit("/", 1)[-1]
+    if ":" in last:
+        repository, tag = image.rsplit(":", 1)
+        return repository, tag
+    return image, "latest"

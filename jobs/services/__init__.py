@@ -1,0 +1,28 @@
+"""The only writers of job state: views, the REST API and RQ tasks call these.
+
+    submission  job_submit, suggest_job_name, parse_for_user, spec_of
+    lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
+    scheduling  schedule_pass
+    nodes       node_register, node_heartbeat, nodes_mark_lost
+"""
+
+from jobs.services.lifecycle import (
+    ContainerExit,
+    JobStateError,
+    attempt_claim_launch,
+    attempt_keep_for_debug,
+    attempt_mark_running,
+    attempt_record_exit,
+    attempt_unclaim,
+    job_stop,
+)
+from jobs.services.nodes import NodeInfo, node_heartbeat, node_register, nodes_mark_lost
+from jobs.services.scheduling import schedule_pass
+from jobs.services.submission import SubmitError, job_submit, parse_for_user, spec_of, suggest_job_name
+
+__all__ = [
+    "ContainerExit", "JobStateError", "NodeInfo", "SubmitError",
+    "attempt_claim_launch", "attempt_keep_for_debug", "attempt_mark_running", "attempt_record_exit",
+    "attempt_unclaim", "job_stop", "job_submit", "node_heartbeat", "node_register", "nodes_mark_lost",
+    "parse_for_user", "schedule_pass", "spec_of", "suggest_job_name",
+]

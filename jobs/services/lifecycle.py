@@ -1,0 +1,247 @@
+"""A job's life after submission: tasks launched, running, exiting; stops;
+the verdict on each attempt; retries.
+
+Every change is a conditional UPDATE or runs under the job's row lock, so a
+web request, a scheduling pass and node agents can act at once. Work for
+other processes (stop requests, scheduling passes) is enqueued after commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import queues
+from jobs.completion import Outcome, TaskResult, Verdict, judge
+from jobs.models import (
+    ACTIVE_TASK_STATES,
+    FINAL_STATES,
+    ExitType,
+    GpuAllocation,
+    Job,
+    JobAttempt,
+    PortAllocation,
+    State,
+    TaskAttempt,
+    TaskState,
+    User,
+)
+from jobs.services.submission import spec_of
+
+
+class JobStateError(Exception):
+    """The job is not in a state that allows the action."""
+
+
+# -------------------------------------------------------------------- stopping
+
+
+def job_stop(*, job: Job, by: User) -> Job:
+    """Stop a job: a waiting one at once, a running one through its tasks.
+
+    Asking again while it is stopping makes the node agents kill at once.
+    """
+    stops: list[tuple[str, int]] = []
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.is_final:
+            raise JobStateError(f"the job has already ended ({job.get_state_display()})")
+        now = timezone.now()
+        reason = f"stopped by {by.username}"
+        if job.state == State.WAITING:
+            _finish_job(job, State.STOPPED, ExitType.USER_STOP, reason, None, now)
+            _stop_attempt_tasks(job, ExitType.USER_STOP, stops)
+        else:
+            Job.objects.filter(pk=job.pk).update(
+                state=State.STOPPING, stop_requested_at=job.stop_requested_at or now, stop_requested_by=by
+            )
+            _stop_attempt_tasks(job, ExitType.USER_STOP, stops)
+            _maybe_finish_stopping(job.pk, now)
+        transaction.on_commit(lambda: _send_stops(stops))
+    return Job.objects.get(pk=job.pk)
+
+
+def _send_stops(stops: list[tuple[str, int]]) -> None:
+    for node_name, attempt_id in stops:
+        queues.enqueue_stop(node_name, attempt_id)
+    if stops:
+        queues.request_schedule()
+
+
+def _stop_attempt_tasks(job: Job, reason: str, stops: list[tuple[str, int]]) -> None:
+    """Stop every active task of the job: unlaunched ones in the database,
+    launched ones by asking their node agents (collected in `stops`)."""
+    now = timezone.now()
+    active = TaskAttempt.objects.filter(job=job, state__in=ACTIVE_TASK_STATES)
+    unlaunched = list(active.filter(state=TaskState.ASSIGNED).values_list("pk", flat=True))
+    if unlaunched:
+        TaskAttempt.objects.filter(pk__in=unlaunched, state=TaskState.ASSIGNED).update(
+            state=TaskState.STOPPED, exit_type=reason, stop_reason=reason, finished_at=now,
+            exit_reason="stopped before it was launched",
+        )
+        _release(unlaunched)
+    launched = active.filter(state__in=(TaskState.LAUNCHING, TaskState.RUNNING))
+    launched.filter(stop_reason="").update(stop_reason=reason)
+    stops.extend(launched.values_list("node_name", "pk"))
+
+
+def _maybe_finish_stopping(job_id: int, now: datetime) -> None:
+    job = Job.objects.get(pk=job_id)
+    if job.state != State.STOPPING:
+        return
+    if TaskAttempt.objects.filter(job=job, state__in=ACTIVE_TASK_STATES).exists():
+        return
+    who = job.stop_requested_by.username if job.stop_requested_by else "a user"
+    _finish_job(job, State.STOPPED, ExitType.USER_STOP, f"stopped by {who}", None, now)
+
+
+def _finish_job(job: Job, state: str, exit_type: str, reason: str, exit_code: int | None, now: datetime) -> None:
+    Job.objects.filter(pk=job.pk).exclude(state__in=FINAL_STATES).update(
+        state=state, exit_type=exit_type, exit_reason=reason, exit_code=exit_code, finished_at=now,
+        waiting_reason="",
+    )
+    JobAttempt.objects.filter(job=job, number=job.attempt_number).exclude(state__in=FINAL_STATES).update(state=state, exit_type=exit_type, exit_reason=reason, exit_code=exit_code, finished_at=now)
+    _free_subnet_if_idle(job.pk, job.attempt_number)
+
+
+def _release(attempt_ids: list[int]) -> None:
+    GpuAllocation.objects.filter(attempt_id__in=attempt_ids).delete()
+    PortAllocation.objects.filter(attempt_id__in=attempt_ids).delete()
+
+
+def _free_subnet_if_idle(job_id: int, number: int) -> None:
+    """A job attempt's subnet returns to the pool once none of its tasks
+    holds an address in it."""
+    if not TaskAttempt.objects.filter(job_id=job_id, number=number, state__in=ACTIVE_TASK_STATES).exists():
+        JobAttempt.objects.filter(job_id=job_id, number=number).exclude(
+            state__in=(State.WAITING, State.RUNNING, State.STOPPING)
+        ).update(subnet="")
+
+
+# -------------------------------------------------------------- task lifecycle
+
+
+def attempt_claim_launch(attempt_id: int) -> bool:
+    """The node agent takes an assigned task to launch it; False if someone
+    else did, or it was stopped meanwhile."""
+    return TaskAttempt.objects.filter(pk=attempt_id, state=TaskState.ASSIGNED).update(
+        state=TaskState.LAUNCHING, launched_at=timezone.now()
+    ) == 1
+
+
+def attempt_unclaim(attempt_id: int) -> bool:
+    """Give a launch back (the agent died mid-launch) so it is tried again."""
+    return TaskAttempt.objects.filter(pk=attempt_id, state=TaskState.LAUNCHING, container_id="").update(
+        state=TaskState.ASSIGNED, launched_at=None
+    ) == 1
+
+
+def attempt_mark_running(attempt_id: int, *, container_id: str, started_at: datetime | None = None) -> bool:
+    started_at = started_at or timezone.now()
+    with transaction.atomic():
+        changed = TaskAttempt.objects.filter(pk=attempt_id, state=TaskState.LAUNCHING).update(
+            state=TaskState.RUNNING, container_id=container_id, started_at=started_at, last_activity_at=started_at
+        ) == 1
+        if changed:
+            attempt = TaskAttempt.objects.only("job_id", "number").get(pk=attempt_id)
+            Job.objects.filter(pk=attempt.job_id, started_at__isnull=True).update(started_at=started_at)
+            JobAttempt.objects.filter(job_id=attempt.job_id, number=attempt.number, started_at__isnull=True).update(
+                started_at=started_at
+            )
+    return changed
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    """What the node saw when a task's container ended."""
+
+    exit_code: int | None
+    oom_killed: bool = False
+    error: str = ""
+    exit_type: str = ""  # set by the platform for launch failures and lost nodes
+    finished_at: datetime | None = None
+
+
+def _classify(attempt: TaskAttempt, result: ContainerExit, memory_mb: int) -> tuple[str, str, str]:
+    """(task state, exit type, reason in words)."""
+    if result.exit_type:
+        return TaskState.FAILED, result.exit_type, result.error or ExitType(result.exit_type).label
+    if result.exit_code == 0:
+        return TaskState.SUCCEEDED, ExitType.SUCCEEDED, "exited with code 0"
+    if attempt.stop_reason:
+        return TaskState.STOPPED, attempt.stop_reason, ExitType(attempt.stop_reason).label
+    if result.oom_killed:
+        return TaskState.FAILED, ExitType.OOM, f"killed for exceeding its memory limit ({memory_mb} MB)"
+    if result.error:
+        return TaskState.FAILED, ExitType.PLATFORM, f"platform error: {result.error}"
+    return TaskState.FAILED, ExitType.USER_EXIT, f"the command exited with code {result.exit_code}"
+
+
+def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
+    """Record how a task ended, free what it held, and decide the job.
+
+    Returns False if the exit was already recorded (agents may report twice
+    after a restart; the second report changes nothing).
+    """
+    stops: list[tuple[str, int]] = []
+    with transaction.atomic():
+        attempt = TaskAttempt.objects.select_related("task").get(pk=attempt_id)
+        job = Job.objects.select_for_update().select_related("owner").get(pk=attempt.job_id)
+        state, exit_type, reason = _classify(attempt, result, attempt.memory_mb)
+        now = result.finished_at or timezone.now()
+        updated = TaskAttempt.objects.filter(pk=attempt_id, state__in=ACTIVE_TASK_STATES).update(
+            state=state, exit_type=exit_type, exit_code=result.exit_code, exit_reason=reason, finished_at=now,
+            kept_for_debug=False,
+        )
+        if not updated:
+            return False
+        _release([attempt_id])
+        job_attempt = JobAttempt.objects.get(job=job, number=attempt.number)
+        if job.state == State.STOPPING:
+            _maybe_finish_stopping(job.pk, now)
+        elif job_attempt.state == State.RUNNING and attempt.number == job.attempt_number:
+            spec = spec_of(job)
+            results = [
+                TaskResult(a.task.role, a.task.index, None if a.state in ACTIVE_TASK_STATES else a.state, a.exit_reason)
+                for a in TaskAttempt.objects.filter(job=job, number=attempt.number).select_related("task")
+            ]
+            verdict = judge(spec, results)
+            if verdict is not None:
+                _conclude_attempt(job, job_attempt, verdict, stops, now)
+        _free_subnet_if_idle(job.pk, attempt.number)
+        transaction.on_commit(lambda: _send_stops(stops))
+        transaction.on_commit(queues.request_schedule)
+    return True
+
+
+def _conclude_attempt(job: Job, job_attempt: JobAttempt, verdict: Verdict, stops: list[tuple[str, int]], now: datetime) -> None:
+    deciding = None
+    if verdict.deciding is not None:
+        deciding = TaskAttempt.objects.filter(
+            job=job, number=job_attempt.number, task__role=verdict.deciding.role, task__index=verdict.deciding.index
+        ).first()
+    exit_code = 0 if verdict.outcome == Outcome.SUCCEEDED else (deciding.exit_code if deciding else None)
+    exit_type = ExitType.SUCCEEDED if verdict.outcome == Outcome.SUCCEEDED else (deciding.exit_type if deciding else ExitType.PLATFORM)
+    _stop_attempt_tasks(job, ExitType.COMPLETED, stops)
+    if verdict.outcome == Outcome.FAILED and job.attempt_number <= job.retry_limit:
+        JobAttempt.objects.filter(pk=job_attempt.pk).update(
+            state=State.FAILED, exit_type=exit_type, exit_code=exit_code, exit_reason=verdict.reason, finished_at=now
+        )
+        number = job.attempt_number + 1
+        JobAttempt.objects.create(job=job, number=number)
+        Job.objects.filter(pk=job.pk, state=State.RUNNING).update(
+            state=State.WAITING, attempt_number=number, overtaken=0,
+            waiting_reason=f"retrying (attempt {number} of {job.retry_limit + 1}) after: {verdict.reason}",
+        )
+        return
+    state = State.SUCCEEDED if verdict.outcome == Outcome.SUCCEEDED else State.FAILED
+    _finish_job(job, state, exit_type, verdict.reason, exit_code, now)
+
+
+def attempt_keep_for_debug(attempt_id: int) -> None:
+    TaskAttempt.objects.filter(pk=attempt_id).update(kept_for_debug=True)
+
+

@@ -1,0 +1,201 @@
+"""A scheduling pass: snapshot the cluster, let jobs/scheduler.py decide,
+write the placements, and ask node agents to launch.
+
+Passes are serialized: on SQLite every write transaction takes the write
+lock at BEGIN (transaction_mode IMMEDIATE); on PostgreSQL the pass locks the
+"default" virtual-cluster row. The unique constraints on GPU and port
+allocations are the last line of defence against double allocation.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections import defaultdict
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Sum
+from django.utils import timezone
+
+from jobs import queues, scheduler
+from jobs.environment import platform_port_labels
+from jobs.models import (
+    ACTIVE_TASK_STATES,
+    GpuAllocation,
+    Job,
+    JobAttempt,
+    Node,
+    PortAllocation,
+    State,
+    Task,
+    TaskAttempt,
+    VirtualCluster,
+)
+from jobs.services.nodes import nodes_mark_lost, placement_cutoff
+
+# A pass looks at this many waiting jobs at most; the rest wait their turn.
+MAX_JOBS_PER_PASS = 2000
+
+
+def ready_nodes() -> list[Node]:
+    return list(
+        Node.objects.filter(status=Node.Status.READY, schedulable=True, last_heartbeat__gte=placement_cutoff())
+        .order_by("name")
+    )
+
+
+def node_states(nodes: list[Node]) -> list[scheduler.NodeState]:
+    """The nodes with what their active tasks hold now."""
+    usage = {
+        row["node_id"]: row
+        for row in TaskAttempt.objects.filter(node__in=nodes, state__in=ACTIVE_TASK_STATES)
+        .values("node_id").annotate(cpus=Sum("cpus"), memory=Sum("memory_mb"))
+    }
+    gpus: dict[int, set[int]] = defaultdict(set)
+    for node_id, index in GpuAllocation.objects.filter(node__in=nodes).values_list("node_id", "index"):
+        gpus[node_id].add(index)
+    ports_by_address: dict[str, set[int]] = defaultdict(set)
+    for address, port in PortAllocation.objects.values_list("address", "port"):
+        ports_by_address[address].add(port)
+    return [
+        scheduler.NodeState(
+            id=node.pk, name=node.name, address=node.address, cpus=node.cpus, memory_mb=node.memory_mb,
+            gpus={int(g["index"]): str(g["type"]) for g in node.gpus}, port_start=node.port_start,
+            port_end=node.port_end, used_cpus=usage.get(node.pk, {}).get("cpus") or 0,
+            used_memory_mb=usage.get(node.pk, {}).get("memory") or 0, used_gpus=gpus[node.pk],
+            used_ports=ports_by_address[node.address],
+        )
+        for node in nodes
+    ]
+
+
+def quotas(states: list[scheduler.NodeState]) -> dict[str, scheduler.Quota]:
+    """Each virtual cluster's share of the ready nodes, and what it holds."""
+    total_cpus = sum(n.cpus for n in states)
+    total_memory = sum(n.memory_mb for n in states)
+    total_gpus: dict[str, int] = defaultdict(int)
+    for node in states:
+        for kind in node.gpus.values():
+            total_gpus[kind] += 1
+    vcs = list(VirtualCluster.objects.all())
+    others = sum(vc.capacity for vc in vcs if vc.name != VirtualCluster.DEFAULT)
+    result: dict[str, scheduler.Quota] = {}
+    for vc in vcs:
+        share = max(0.0, 100.0 - others) if vc.name == VirtualCluster.DEFAULT else vc.capacity
+        share /= 100.0
+        result[vc.name] = scheduler.Quota(
+            cpus=total_cpus * share, memory_mb=total_memory * share,
+            gpus={kind: count * share for kind, count in total_gpus.items()},
+        )
+    active = TaskAttempt.objects.filter(state__in=ACTIVE_TASK_STATES)
+    for row in active.values("job__virtual_cluster__name").annotate(cpus=Sum("cpus"), memory=Sum("memory_mb")):
+        quota = result.get(row["job__virtual_cluster__name"])
+        if quota:
+            quota.used_cpus, quota.used_memory_mb = row["cpus"] or 0, row["memory"] or 0
+    gpu_rows = GpuAllocation.objects.values("attempt__job__virtual_cluster__name", "attempt__gpu_type").annotate(n=Count("id"))
+    for row in gpu_rows:
+        quota = result.get(row["attempt__job__virtual_cluster__name"])
+        if quota:
+            quota.used_gpus[row["attempt__gpu_type"]] += row["n"]
+    return result
+
+
+def job_request(job: Job) -> scheduler.JobRequest:
+    """What a stored job asks for, platform ports (ssh, main) included."""
+    roles = []
+    for role in job.config["taskRoles"]:
+        ports = [scheduler.PortRequest(p["label"], p["beginAt"], p["portNumber"]) for p in role.get("portList") or []]
+        for label in platform_port_labels([p.label for p in ports]):
+            ports.append(scheduler.PortRequest(label, 0, 1))
+        roles.append(scheduler.RoleRequest(
+            name=role["name"], task_number=role["taskNumber"], cpus=role["cpuNumber"],
+            memory_mb=role["memoryMB"], gpus=role["gpuNumber"], ports=tuple(ports),
+        ))
+    return scheduler.JobRequest(
+        id=job.pk, vc=job.virtual_cluster.name, gpu_type=job.gpu_type or None, roles=tuple(roles),
+        overtaken=job.overtaken,
+    )
+
+
+def _allocate_subnet(job_attempt: JobAttempt, tasks: int) -> ipaddress.IPv4Network | None:
+    """A free subnet big enough for the job's tasks (.1 is the gateway).
+
+    The search starts at a place that moves with each attempt, so a subnet
+    just freed is not handed out again at once while a slow engine may still
+    be removing its old network.
+    """
+    pool = ipaddress.ip_network(settings.JOB_SUBNET_POOL)
+    prefix = max(pool.prefixlen, min(26, 32 - math.ceil(math.log2(tasks + 3))))
+    used = [ipaddress.ip_network(s) for s in JobAttempt.objects.exclude(subnet="").values_list("subnet", flat=True)]
+    candidates = list(pool.subnets(new_prefix=prefix))
+    start = job_attempt.pk % len(candidates)
+    for subnet in candidates[start:] + candidates[:start]:
+        if not any(subnet.overlaps(u) for u in used):
+            return subnet
+    return None
+
+
+def _apply(job: Job, placements: list[scheduler.Placement], nodes: dict[int, Node]) -> list[tuple[str, int]]:
+    """Write one job's placement; returns (node name, attempt id) to launch."""
+    job_attempt = JobAttempt.objects.get(job=job, number=job.attempt_number)
+    order = {role["name"]: i for i, role in enumerate(job.config["taskRoles"])}
+    placements = sorted(placements, key=lambda p: (order[p.role], p.index))
+    subnet = None
+    if len(placements) > 1:
+        subnet = _allocate_subnet(job_attempt, len(placements))
+        if subnet is None:
+            Job.objects.filter(pk=job.pk).update(waiting_reason="waiting for a free job network (JOB_SUBNET_POOL is used up)")
+            return []
+    if Job.objects.filter(pk=job.pk, state=State.WAITING).update(state=State.RUNNING, waiting_reason="") != 1:
+        return []
+    JobAttempt.objects.filter(pk=job_attempt.pk).update(state=State.RUNNING, subnet=str(subnet) if subnet else "")
+    tasks = {(t.role, t.index): t.pk for t in Task.objects.filter(job=job)}
+    shm = {role["name"]: role.get("shmMB", 64) for role in job.config["taskRoles"]}
+    hosts = list(subnet.hosts())[1:] if subnet else []
+    now = timezone.now()
+    attempts = TaskAttempt.objects.bulk_create([
+        TaskAttempt(
+            task_id=tasks[(p.role, p.index)], job_attempt=job_attempt, job=job, number=job.attempt_number,
+            node=nodes[p.node_id], node_name=nodes[p.node_id].name, host_ip=nodes[p.node_id].address,
+            ip=str(hosts[i]) if hosts else "", cpus=p.cpus, memory_mb=p.memory_mb, shm_mb=shm[p.role],
+            gpus=list(p.gpus), gpu_type=p.gpu_type, ports=p.ports, assigned_at=now,
+        )
+        for i, p in enumerate(placements)
+    ])
+    GpuAllocation.objects.bulk_create(
+        GpuAllocation(node_id=p.node_id, index=index, attempt=a) for a, p in zip(attempts, placements) for index in p.gpus
+    )
+    PortAllocation.objects.bulk_create(
+        PortAllocation(address=nodes[p.node_id].address, port=port, node_id=p.node_id, attempt=a)
+        for a, p in zip(attempts, placements) for ports in p.ports.values() for port in ports
+    )
+    return [(a.node_name, a.pk) for a in attempts]
+
+
+def schedule_pass() -> int:
+    """Start every waiting job that fits now; returns how many started."""
+    queues.schedule_pass_started()
+    nodes_mark_lost()
+    launches: list[tuple[str, int]] = []
+    with transaction.atomic():
+        list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
+        nodes = ready_nodes()
+        states = node_states(nodes)
+        waiting = list(
+            Job.objects.filter(state=State.WAITING).select_related("virtual_cluster").order_by("id")[:MAX_JOBS_PER_PASS]
+        )
+        decision = scheduler.schedule(
+            [job_request(job) for job in waiting], states, quotas(states),
+            max_overtakes=settings.SCHEDULER_MAX_OVERTAKES,
+        )
+        by_id = {node.pk: node for node in nodes}
+        for job in waiting:
+            if job.pk in decision.placed:
+                launches.extend(_apply(job, decision.placed[job.pk], by_id))
+            elif decision.waiting.get(job.pk, job.waiting_reason) != job.waiting_reason:
+                Job.objects.filter(pk=job.pk, state=State.WAITING).update(waiting_reason=decision.waiting[job.pk])
+        for job_id, count in decision.overtaken.items():
+            Job.objects.filter(pk=job_id, state=State.WAITING).update(overtaken=F("overtaken") + count)
+        transaction.on_commit(lambda: [queues.enqueue_launch(name, attempt_id) for name, attempt_id in launches])
+    return len({attempt_id for _name, attempt_id in launches})

@@ -1,0 +1,98 @@
+"""Accepting a job: parse, check, store, and wake the scheduler."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from jobs import keys, queues, storage
+from jobs.models import Job, JobAttempt, Task, User, VirtualCluster
+from jobs.spec import JobSpec, ParsedConfig, SpecError, SpecProblem, parse_job_config, parse_job_value
+
+
+class SubmitError(Exception):
+    """A config that parses but cannot be accepted. `code` follows OpenPAI's
+    REST error names; `field` names the config field at fault."""
+
+    def __init__(self, code: str, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+def parse_for_user(data: str | bytes, *, user: User) -> ParsedConfig:
+    return parse_job_config(data, user_name=user.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI)
+
+
+def spec_of(job: Job) -> JobSpec:
+    """The typed spec of a stored job (its normalized config parses again)."""
+    return parse_job_value(
+        job.config, user_name=job.owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI
+    ).spec
+
+
+def _virtual_cluster_for(user: User, name: str) -> VirtualCluster:
+    try:
+        vc = VirtualCluster.objects.get(name=name)
+    except VirtualCluster.DoesNotExist:
+        names = ", ".join(vc.name for vc in VirtualCluster.objects.all() if vc.allows(user)) or "none"
+        raise SubmitError("NoVirtualClusterError", f'virtual cluster "{name}" does not exist; yours: {names}', "virtualCluster") from None
+    if not vc.allows(user):
+        raise SubmitError("ForbiddenUserError", f'you may not submit to virtual cluster "{name}"', "virtualCluster")
+    return vc
+
+
+def _check_storage(user: User, spec: JobSpec) -> None:
+    problems = storage.check_job_paths(user_name=user.username, is_admin=user.is_admin, spec=spec)
+    if problems:
+        raise SpecError([SpecProblem(field, message) for field, message in problems])
+    try:
+        storage.ensure_output_dir(user_name=user.username, uri=spec.output_dir)
+    except storage.StorageError as exc:
+        raise SpecError([SpecProblem("outputDir", f"cannot create the output folder: {exc}")]) from None
+
+
+def job_submit(*, owner: User, config: str | bytes | ParsedConfig, upload_outputs: bool | None = None) -> Job:
+    """Validate a v1 config and queue the job. Raises SpecError or SubmitError."""
+    parsed = config if isinstance(config, ParsedConfig) else parse_for_user(config, user=owner)
+    spec = parsed.spec
+    vc = _virtual_cluster_for(owner, spec.virtual_cluster)
+    if Job.objects.filter(owner=owner, name=spec.job_name).exists():
+        raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName")
+    _check_storage(owner, spec)
+    private_key, public_key = keys.new_key_pair(f"pai-job-{owner.username}-{spec.job_name}")
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(
+                owner=owner, name=spec.job_name, virtual_cluster=vc, config_raw=parsed.raw,
+                config=parsed.normalized, warnings=[w.as_dict() for w in parsed.warnings],
+                retry_limit=spec.retry_count, total_tasks=spec.total_tasks, total_gpus=spec.total_gpus,
+                total_roles=len(spec.task_roles), gpu_type=spec.gpu_type or "",
+                ssh_private_key=private_key, ssh_public_key=public_key,
+                upload_outputs=settings.UPLOAD_OUTPUTS_DEFAULT if upload_outputs is None else upload_outputs,
+                waiting_reason="waiting for the scheduler",
+            )
+            JobAttempt.objects.create(job=job, number=1)
+            Task.objects.bulk_create(
+                Task(job=job, role=role.name, index=index)
+                for role in spec.task_roles for index in range(role.task_number)
+            )
+            transaction.on_commit(queues.request_schedule)
+    except IntegrityError:
+        raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName") from None
+    return job
+
+
+def suggest_job_name(owner: User, base: str) -> str:
+    """`base` if free, else base_2, base_3 ... (for Clone and the form)."""
+    base = base[:100] or "job"
+    taken = set(Job.objects.filter(owner=owner, name__startswith=base).values_list("name", flat=True))
+    if base not in taken:
+        return base
+    number = 2
+    while f"{base}_{number}" in taken:
+        number += 1
+    return f"{base}_{number}"
+
+

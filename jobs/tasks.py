@@ -1,0 +1,16 @@
+"""RQ entry points: ids in, a service or the node agent out. Nothing else."""
+
+from jobs import agent, queues, services
+
+
+def schedule() -> int:
+    return services.schedule_pass()
+
+
+def launch_task(attempt_id: int) -> None:
+    queues.launch_started(attempt_id)
+    agent.current().runner.launch(attempt_id)
+
+
+def stop_task(attempt_id: int) -> None:
+    agent.current().runner.stop(attempt_id)

@@ -1,0 +1,278 @@
+"""The execution engine against the real thing: node agents (separate
+processes), a real Redis and the Docker engine running real containers."""
+
+from __future__ import annotations
+
+import docker
+import pytest
+
+from jobs import services
+from jobs.models import ExitType, JobAttempt, LogCursor, State, Stream, TaskAttempt
+from tests.cluster import wait_for
+from tests.helpers import config, example, lines, role, submit, wait_state
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(autouse=True)
+def _cluster(cluster):
+    return cluster
+
+
+def test_it_runs_the_hello_world_example_to_success(alice):
+    cfg = example("hello-world-cifar10.json", jobName="hello", image="pai-local/busybox:latest")
+    cfg["taskRoles"][0]["command"] = "echo hello world from $PAI_JOB_NAME; echo on stderr >&2"
+    cfg["taskRoles"][0]["cpuNumber"] = 1
+    job = wait_state(submit(alice, cfg), State.SUCCEEDED)
+    assert lines(job) == ["hello world from hello"]
+    assert lines(job, Stream.STDERR) == ["on stderr"]
+    assert job.exit_code == 0 and job.exit_type == ExitType.SUCCEEDED
+    assert job.started_at and job.finished_at
+
+
+def test_it_reports_a_failing_command_with_its_exit_code(alice):
+    job = wait_state(submit(alice, config("fails", role(command="echo before; exit 3"))), State.FAILED)
+    assert job.exit_code == 3
+    assert job.exit_type == ExitType.USER_EXIT
+    assert "exited with code 3" in job.exit_reason
+    assert lines(job) == ["before"]
+
+
+def test_it_runs_a_two_node_job_whose_tasks_talk_through_the_environment(alice):
+    # Each task needs 10 of a node's 16 CPUs, so the two land on different nodes.
+    server = role("ps", "nc -l -p $PAI_CONTAINER_HOST_http_PORT_LIST > /tmp/got && cat /tmp/got", cpus=10,
+                  portList=[{"label": "http", "beginAt": 0, "portNumber": 1}])
+    client = role("worker", cpus=10, command=(
+        "for i in $(seq 50); do echo hi-from-$PAI_CURRENT_TASK_ROLE_NAME | "
+        "nc $PAI_HOST_IP_ps_0 $PAI_PORT_LIST_ps_0_http && exit 0; sleep 0.2; done; exit 1"))
+    job = wait_state(submit(alice, config("dist", server, client)), State.SUCCEEDED, State.FAILED)
+    assert job.state == State.SUCCEEDED, job.exit_reason
+    nodes = set(TaskAttempt.objects.filter(job=job).values_list("node_name", flat=True))
+    assert len(nodes) == 2
+    assert lines(job, role="ps") == ["hi-from-worker"]
+
+
+def test_it_kills_a_memory_hog_and_says_so(alice):
+    # dd reads into one 400 MB buffer: far past the 128 MB limit.
+    job = wait_state(submit(alice, config("hog", role(command="dd if=/dev/zero of=/dev/null bs=400M count=1", memory=128))),
+                     State.FAILED, State.SUCCEEDED, timeout=90)
+    assert job.exit_type == ExitType.OOM
+    assert "exceeding its memory limit (128 MB)" in job.exit_reason
+
+
+def test_it_stops_a_long_job(alice):
+    job = wait_state(submit(alice, config("long", role(command="echo started; sleep 600"))), State.RUNNING)
+    wait_for(lambda: lines(job) == ["started"], what="the task to print")
+    services.job_stop(job=job, by=alice)
+    job = wait_state(job, State.STOPPED, timeout=30)
+    assert job.exit_type == ExitType.USER_STOP
+    assert f"stopped by {alice.username}" in job.exit_reason
+    attempt = TaskAttempt.objects.get(job=job)
+    assert attempt.state == "STOPPED" and attempt.exit_type == ExitType.USER_STOP
+    assert not attempt.gpu_allocations.exists() and not attempt.port_allocations.exists()
+
+
+def test_it_retries_a_failed_job_and_keeps_the_history(alice):
+    job = wait_state(submit(alice, config("retry", role(command="echo attempt $PAI_JOB_ATTEMPT; exit 1"), retryCount=2)),
+                     State.FAILED, timeout=90)
+    attempts = list(JobAttempt.objects.filter(job=job).order_by("number"))
+    assert [a.state for a in attempts] == [State.FAILED] * 3
+    assert job.retries == 2
+    assert lines(job, number=3) == ["attempt 3"]
+
+
+def test_it_never_retries_a_job_stopped_by_its_user(alice):
+    job = wait_state(submit(alice, config("noretry", role(command="sleep 600"), retryCount=3)), State.RUNNING)
+    wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exists(), what="the task to run")
+    services.job_stop(job=job, by=alice)
+    job = wait_state(job, State.STOPPED, timeout=30)
+    assert JobAttempt.objects.filter(job=job).count() == 1
+
+
+def test_it_keeps_a_waiting_job_until_another_frees_the_gpus(alice):
+    # t-node-b has the only two TITANX GPUs.
+    first = submit(alice, config("first", role(command="sleep 4", gpus=2), gpuType="TITANX"))
+    wait_state(first, State.RUNNING)
+    second = submit(alice, config("second", role(command="echo got the gpus: $NVIDIA_VISIBLE_DEVICES", gpus=2), gpuType="TITANX"))
+    wait_for(lambda: "TITANX" in type(second).objects.get(pk=second.pk).waiting_reason, what="a reason to wait")
+    second.refresh_from_db()
+    assert second.state == State.WAITING
+    assert "2 GPUs of type TITANX" in second.waiting_reason
+    wait_state(first, State.SUCCEEDED, timeout=60)
+    second = wait_state(second, State.SUCCEEDED, timeout=60)
+    assert lines(second) == ["got the gpus: 0,1"]
+
+
+def test_it_exposes_allocated_gpus_without_asking_docker_for_simulated_ones(alice):
+    job = wait_state(submit(alice, config("gpus", role(command="echo $NVIDIA_VISIBLE_DEVICES; sleep 3", gpus=2), gpuType="V100")),
+                     State.RUNNING)
+    attempt = wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exclude(container_id="").first(),
+                       what="the container")
+    host_config = docker.from_env().api.inspect_container(attempt.container_id)["HostConfig"]
+    assert not host_config.get("DeviceRequests")
+    assert len(attempt.gpus) == 2 and attempt.node_name == "t-node-a"
+    wait_state(job, State.SUCCEEDED)
+    assert lines(job) == [",".join(map(str, attempt.gpus))]
+
+
+def test_it_keeps_a_failed_container_when_is_debug_is_set(alice):
+    job = wait_state(submit(alice, config("debug", role(command="exit 7"), jobEnvs={"isDebug": True})), State.FAILED)
+    attempt = TaskAttempt.objects.get(job=job)
+    wait_for(lambda: TaskAttempt.objects.get(pk=attempt.pk).kept_for_debug, what="the container to be kept")
+    container = docker.from_env().containers.get(attempt.container_id)
+    assert container.status == "exited"
+
+
+def test_it_ends_the_job_when_min_succeeded_task_count_is_reached(alice):
+    fast = role("worker", "echo done", tasks=2, minSucceededTaskCount=2)
+    slow = role("ps", "sleep 600")
+    job = wait_state(submit(alice, config("minsucc", slow, fast)), State.SUCCEEDED, timeout=60)
+    assert "minSucceededTaskCount is 2" in job.exit_reason
+    ps = TaskAttempt.objects.get(job=job, task__role="ps")
+    wait_for(lambda: TaskAttempt.objects.get(pk=ps.pk).state == "STOPPED", what="the ps task to be stopped")
+
+
+def test_it_runs_the_early_example_with_kill_all_on_completed_task_number(alice):
+    cfg = example("distributed-tensorflow-early.jsonc", jobName="early", image="pai-local/busybox:latest",
+                  dataDir="", outputDir="", codeDir="")
+    for item in cfg["taskRoles"]:
+        item.update(cpuNumber=1, memoryMB=256, gpuNumber=0)
+    cfg["taskRoles"][0]["command"] = "sleep 600"
+    cfg["taskRoles"][1]["command"] = "echo $PAI_TASK_ROLE_1_HOST_LIST $PAI_TASK_ROLE_INDEX $PAI_TASKS_NUM"
+    job = wait_state(submit(alice, cfg), State.SUCCEEDED, timeout=60)
+    assert "killAllOnCompletedTaskNumber is 2" in job.exit_reason
+    out = lines(job, role="worker", index=1)[0].split()
+    assert out[1:] == ["1", "4"] and len(out[0].split(",")) == 2
+
+
+def test_it_sets_every_reference_environment_variable(alice):
+    names = [
+        "PAI_JOB_NAME", "PAI_USER_NAME", "PAI_DEFAULT_FS_URI", "PAI_DATA_DIR", "PAI_OUTPUT_DIR", "PAI_CODE_DIR",
+        "PAI_TASK_ROLE_COUNT", "PAI_TASK_ROLE_LIST", "PAI_TASK_ROLE_TASK_COUNT_a", "PAI_HOST_IP_a_0", "PAI_HOST_IP_b_1",
+        "PAI_PORT_LIST_a_0_http", "PAI_RESOURCE_b", "PAI_MIN_FAILED_TASK_COUNT_a", "PAI_MIN_SUCCEEDED_TASK_COUNT_a",
+        "PAI_CURRENT_TASK_ROLE_NAME", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "PAI_CONTAINER_HOST_IP",
+        "PAI_CONTAINER_HOST_http_PORT_LIST", "PAI_TASK_ROLE_a_HOST_LIST", "PAI_TASK_ROLE_NAME", "PAI_TASK_ROLE_NUM",
+        "PAI_TASK_CPU_NUM", "PAI_TASK_MEM_MB", "PAI_TASK_GPU_NUM", "PAI_TASK_ROLE_INDEX", "PAI_TASK_ROLE_NO",
+        "PAI_TASKS_NUM", "PAI_TASK_ROLES_NUM", "PAI_KILL_ALL_ON_COMPLETED_TASK_NUM", "PAI_CURRENT_CONTAINER_IP",
+        "PAI_CURRENT_CONTAINER_PORT", "PAI_TASK_ROLE_0_HOST_LIST", "PAI_TASK_ROLE_1_HOST_LIST", "myvar",
+    ]
+    command = "; ".join(f'echo "{n}=${{{n}-UNSET}}"' for n in names)
+    ports = [{"label": "http", "beginAt": 0, "portNumber": 1}]
+    job = wait_state(submit(alice, config("envs", role("a", command, portList=ports), role("b", "true", tasks=2),
+                                          jobEnvs={"myvar": 42})), State.SUCCEEDED)
+    env = dict(line.split("=", 1) for line in lines(job, role="a"))
+    assert "UNSET" not in env.values(), [k for k, v in env.items() if v == "UNSET"]
+    assert env["PAI_JOB_NAME"] == "envs" and env["PAI_USER_NAME"] == alice.username
+    assert env["PAI_TASK_ROLE_LIST"] == "a,b" and env["PAI_TASKS_NUM"] == "3" and env["myvar"] == "42"
+    assert env["PAI_RESOURCE_b"] == "0,1,256,64"
+    assert env["PAI_TASK_ROLE_a_HOST_LIST"] == f"{env['PAI_HOST_IP_a_0']}:{env['PAI_PORT_LIST_a_0_http']}"
+
+
+def test_it_isolates_task_containers(alice, tmp_path):
+    import socket
+    import threading
+
+    # A stand-in for the portal's Redis and database: a service on the host's loopback.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    accepted: list = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    # busybox nc exits 1 when the connection is refused or times out.
+    probe = (
+        f"gw=$(ip route | awk '/default/ {{print $3}}'); "
+        f"timeout 4 nc -w 2 127.0.0.1 {port} </dev/null; [ $? = 1 ] && echo loopback-closed || echo loopback-open; "
+        f"timeout 4 nc -w 2 $gw {port} </dev/null; [ $? = 1 ] && echo gateway-closed || echo gateway-open; "
+        "[ -e /var/run/docker.sock ] && echo docker-sock || echo no-docker-sock; "
+        "env | grep -E 'REDIS|DATABASE_URL|SECRET' || echo no-secrets"
+    )
+    job = wait_state(submit(alice, config("iso", role(command=probe))), State.SUCCEEDED)
+    assert lines(job) == ["loopback-closed", "gateway-closed", "no-docker-sock", "no-secrets"]
+    assert not accepted
+    listener.close()
+    attempt = TaskAttempt.objects.get(job=job)
+    # The container is gone once the task ended; check how it was made from a running one.
+    running = wait_state(submit(alice, config("iso2", role(command="sleep 30"))), State.RUNNING)
+    container_id = wait_for(lambda: TaskAttempt.objects.filter(job=running, state="RUNNING").exclude(container_id="")
+                            .values_list("container_id", flat=True).first(), what="the container")
+    host_config = docker.from_env().api.inspect_container(container_id)["HostConfig"]
+    assert host_config["Privileged"] is False
+    assert host_config["NetworkMode"] not in ("host", "default", "bridge")
+    assert not host_config.get("Binds")
+    assert attempt.state == "SUCCEEDED"
+
+
+def test_it_stores_long_lines_and_binary_output(alice):
+    command = ("head -c 40000 /dev/zero | tr '\\0' 'x'; echo; printf 'bad \\377\\376 bytes\\n'; "
+               "printf 'no newline at the end'")
+    job = wait_state(submit(alice, config("bytes", role(command=command))), State.SUCCEEDED)
+    out = lines(job)
+    assert out[0] == "x" * 40000
+    assert out[1] == "bad \ufffd\ufffd bytes"
+    assert out[2] == "no newline at the end"
+
+
+def test_it_streams_lines_while_the_task_runs(alice):
+    job = wait_state(submit(alice, config("stream", role(command="echo first; sleep 600"))), State.RUNNING)
+    wait_for(lambda: lines(job) == ["first"], timeout=10, what="the line to arrive while the task runs")
+    job.refresh_from_db()
+    assert job.state == State.RUNNING
+
+
+def test_it_resumes_log_capture_after_the_node_agent_is_killed(alice, cluster):
+    import signal
+
+    command = "i=0; while [ $i -lt 150 ]; do i=$((i+1)); echo line $i; sleep 0.04; done"
+    job = wait_state(submit(alice, config("resume", role(command=command, gpus=1), gpuType="TITANX")), State.RUNNING)
+    wait_for(lambda: len(lines(job)) >= 20, what="some lines")
+    agent = cluster.agent("t-node-b")
+    agent.stop(signal.SIGKILL)
+    cluster.start_agent("t-node-b", ports="31200-31399", gpus=2, gpu_type="TITANX")
+    job = wait_state(job, State.SUCCEEDED, timeout=60)
+    assert lines(job) == [f"line {i}" for i in range(1, 151)]
+
+
+def test_it_relaunches_pending_launches_after_redis_is_flushed(alice, cluster):
+    from jobs import queues
+
+    agent = cluster.agent("t-node-b")
+    agent.stop()  # its queue fills up while it is away
+    job = submit(alice, config("flush", role(command="echo survived", gpus=1), gpuType="TITANX"))
+    wait_state(job, State.RUNNING)
+    queues.connection().flushdb()
+    cluster.start_agent("t-node-b", ports="31200-31399", gpus=2, gpu_type="TITANX")
+    job = wait_state(job, State.SUCCEEDED, timeout=60)
+    assert lines(job) == ["survived"]
+
+
+def test_it_fails_the_tasks_of_a_lost_node(alice, cluster):
+    import signal
+
+    cluster.start_agent("t-node-lost", ports="31400-31409", gpus=1, gpu_type="LOSTTEST")
+    job = wait_state(submit(alice, config("lost", role(command="sleep 600", gpus=1), gpuType="LOSTTEST")), State.RUNNING)
+    wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exists(), what="the task to run")
+    cluster.agent("t-node-lost").stop(signal.SIGKILL)
+    job = wait_state(job, State.FAILED, timeout=60)
+    assert job.exit_type == ExitType.NODE_LOST
+    assert "t-node-lost was lost" in job.exit_reason
+
+
+def test_it_reports_a_failed_image_pull(alice):
+    job = wait_state(submit(alice, config("nopull", role(), image="127.0.0.1:1/no/such-image:1")), State.FAILED, timeout=60)
+    assert job.exit_type == ExitType.IMAGE_PULL
+    assert "could not pull image 127.0.0.1:1/no/such-image:1" in job.exit_reason
+
+
+def test_it_truncates_a_huge_log_and_lets_the_task_go_on(alice, cluster):
+    # A node agent of its own, with a small cap on stored log bytes.
+    cluster.start_agent("t-node-cap", ports="31410-31419", gpus=1, gpu_type="CAPTEST",
+                        env={"LOG_MAX_BYTES_PER_TASK": "20000"})
+    command = "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); echo line $i; done; echo still alive >&2"
+    job = wait_state(submit(alice, config("cap", role(command=command, gpus=1), gpuType="CAPTEST")), State.SUCCEEDED)
+    out = lines(job)
+    assert out[-1].startswith("[log truncated")
+    assert out[0] == "line 1" and len(out) < 3000
+    assert lines(job, Stream.STDERR) == ["still alive"]
+    assert LogCursor.objects.get(attempt__job=job, stream=Stream.STDOUT).truncated
+    cluster.agent("t-node-cap").stop()

@@ -106,8 +106,14 @@ class _Reader:
         if depth > MAX_DEPTH:
             raise self.fail(f"nested deeper than {MAX_DEPTH} levels")
 
+    def check_open(self, opened_at: int, what: str) -> None:
+        if self.pos >= len(self.text):
+            line, column = self.where(opened_at)
+            raise self.fail(f"unexpected end of input: the {what} opened at line {line}, column {column} is never closed")
+
     def obj(self, path: str, depth: int) -> dict[str, Any]:
         self.check_depth(depth)
+        opened_at = self.pos
         self.pos += 1
         result: dict[str, Any] = {}
         self.skip()
@@ -116,6 +122,7 @@ class _Reader:
             return result
         while True:
             self.skip()
+            self.check_open(opened_at, "object")
             if not self.text.startswith('"', self.pos):
                 raise self.fail('expected a key in double quotes, like "jobName"')
             key_offset = self.pos
@@ -139,10 +146,12 @@ class _Reader:
             if self.text.startswith("}", self.pos):
                 self.pos += 1
                 return result
+            self.check_open(opened_at, "object")
             raise self.fail('expected "," or "}" after a value in an object')
 
     def arr(self, path: str, depth: int) -> list[Any]:
         self.check_depth(depth)
+        opened_at = self.pos
         self.pos += 1
         result: list[Any] = []
         self.skip()
@@ -161,6 +170,7 @@ class _Reader:
             if self.text.startswith("]", self.pos):
                 self.pos += 1
                 return result
+            self.check_open(opened_at, "list")
             raise self.fail('expected "," or "]" after a value in a list')
 
     def string(self) -> str:

@@ -201,7 +201,6 @@ LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 64 * 1024, minimum=256)
 LOG_FLUSH_SECONDS = env_float("LOG_FLUSH_SECONDS", 0.25, minimum=0.01)
 WEB_PORT_LABELS = env_list("WEB_PORT_LABELS", ["jupyter", "http", "https", "tensorboard", "web"])
 JOB_SUBNET_POOL = env_str("JOB_SUBNET_POOL", "10.213.0.0/16")
-SHARED_NETWORK_SUBNET = env_str("SHARED_NETWORK_SUBNET", "10.212.0.0/16")
 JUPYTER_IDLE_MINUTES = env_int("JUPYTER_IDLE_MINUTES", 60, minimum=1)
 
 # REST API

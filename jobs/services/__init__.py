@@ -4,6 +4,7 @@
     lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
     scheduling  schedule_pass
     nodes       node_register, node_heartbeat, nodes_mark_lost
+    cluster     vc_usage, node_usage, queue_position, never_fits_reason (read-only)
 """
 
 from jobs.services.lifecycle import (
@@ -14,7 +15,15 @@ from jobs.services.lifecycle import (
     attempt_mark_running,
     attempt_record_exit,
     attempt_unclaim,
+    job_delete,
     job_stop,
+)
+from jobs.services.cluster import (
+    config_never_fits_reason,
+    never_fits_reason,
+    node_usage,
+    queue_position,
+    vc_usage,
 )
 from jobs.services.nodes import NodeInfo, node_heartbeat, node_register, nodes_mark_lost
 from jobs.services.scheduling import schedule_pass
@@ -23,6 +32,7 @@ from jobs.services.submission import SubmitError, job_submit, parse_for_user, sp
 __all__ = [
     "ContainerExit", "JobStateError", "NodeInfo", "SubmitError",
     "attempt_claim_launch", "attempt_keep_for_debug", "attempt_mark_running", "attempt_record_exit",
-    "attempt_unclaim", "job_stop", "job_submit", "node_heartbeat", "node_register", "nodes_mark_lost",
+    "attempt_unclaim", "config_never_fits_reason", "job_delete", "job_stop", "never_fits_reason", "node_usage",
+    "queue_position", "vc_usage", "job_submit", "node_heartbeat", "node_register", "nodes_mark_lost",
     "parse_for_user", "schedule_pass", "spec_of", "suggest_job_name",
 ]

@@ -245,3 +245,14 @@ def attempt_keep_for_debug(attempt_id: int) -> None:
     TaskAttempt.objects.filter(pk=attempt_id).update(kept_for_debug=True)
 
 
+
+
+def job_delete(*, job: Job) -> None:
+    """Delete a finished job with its tasks and logs; its name is free again."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if not job.is_final:
+            raise JobStateError(f"only a finished job can be deleted; this one is {job.get_state_display()}: stop it first")
+        if TaskAttempt.objects.filter(job=job, state__in=ACTIVE_TASK_STATES).exists():
+            raise JobStateError("the job's last tasks are still stopping; try again in a few seconds")
+        job.delete()

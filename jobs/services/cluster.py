@@ -1,0 +1,122 @@
+"""Read-only views of the cluster for pages and the API: what each virtual
+cluster and node holds, where a waiting job stands, whether a job could
+ever fit. They reuse the scheduler's own snapshot, so the numbers users see
+are the numbers the scheduler decides with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db.models import Count
+
+from jobs import scheduler
+from jobs.models import ACTIVE_TASK_STATES, GpuAllocation, Job, Node, State, TaskAttempt, VirtualCluster
+from jobs.services.scheduling import job_request, node_states, quotas, ready_nodes
+
+
+@dataclass(frozen=True)
+class Amount:
+    used: float
+    total: float
+
+    @property
+    def free(self) -> float:
+        return max(0.0, self.total - self.used)
+
+
+@dataclass(frozen=True)
+class VcUsage:
+    name: str
+    description: str
+    capacity: float  # percent of the cluster
+    running_jobs: int
+    waiting_jobs: int
+    cpus: Amount
+    memory_mb: Amount
+    gpus: dict[str, Amount] = field(default_factory=dict)
+
+
+def _capacity(vc: VirtualCluster, vcs: list[VirtualCluster]) -> float:
+    if vc.name != VirtualCluster.DEFAULT:
+        return vc.capacity
+    return max(0.0, 100.0 - sum(v.capacity for v in vcs if v.name != VirtualCluster.DEFAULT))
+
+
+def vc_usage() -> list[VcUsage]:
+    """Every virtual cluster's quota and use, over the ready nodes."""
+    states = node_states(ready_nodes())
+    quota = quotas(states)
+    vcs = list(VirtualCluster.objects.all())
+    counts: dict[tuple[str, str], int] = {
+        (row["virtual_cluster__name"], row["state"]): row["n"]
+        for row in Job.objects.filter(state__in=(State.RUNNING, State.STOPPING, State.WAITING))
+        .values("virtual_cluster__name", "state").annotate(n=Count("id"))
+    }
+    result = []
+    for vc in vcs:
+        q = quota[vc.name]
+        running = counts.get((vc.name, State.RUNNING), 0) + counts.get((vc.name, State.STOPPING), 0)
+        result.append(VcUsage(
+            name=vc.name, description=vc.description, capacity=_capacity(vc, vcs), running_jobs=running,
+            waiting_jobs=counts.get((vc.name, State.WAITING), 0),
+            cpus=Amount(q.used_cpus, q.cpus), memory_mb=Amount(q.used_memory_mb, q.memory_mb),
+            gpus={kind: Amount(q.used_gpus.get(kind, 0.0), total) for kind, total in sorted(q.gpus.items())},
+        ))
+    return result
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    node: Node
+    ready: bool
+    cpus: Amount
+    memory_mb: Amount
+    gpus: list[tuple[int, str, bool]]  # (index, type, in use)
+    running_tasks: int
+
+
+def node_usage() -> list[NodeUsage]:
+    ready_ids = {n.pk for n in ready_nodes()}
+    nodes = list(Node.objects.all())
+    snapshot = {s.id: s for s in node_states(nodes)}
+    tasks = {
+        row["node_id"]: row["n"]
+        for row in TaskAttempt.objects.filter(state__in=ACTIVE_TASK_STATES).values("node_id").annotate(n=Count("id"))
+    }
+    used_gpus = set(GpuAllocation.objects.values_list("node_id", "index"))
+    result = []
+    for node in nodes:
+        s = snapshot[node.pk]
+        result.append(NodeUsage(
+            node=node, ready=node.pk in ready_ids, cpus=Amount(s.used_cpus, s.cpus),
+            memory_mb=Amount(s.used_memory_mb, s.memory_mb),
+            gpus=[(int(g["index"]), g["type"], (node.pk, int(g["index"])) in used_gpus) for g in node.gpus],
+            running_tasks=tasks.get(node.pk, 0),
+        ))
+    return result
+
+
+def queue_position(job: Job) -> int | None:
+    """1 for the next waiting job of its virtual cluster, and so on."""
+    if job.state != State.WAITING:
+        return None
+    return Job.objects.filter(state=State.WAITING, virtual_cluster_id=job.virtual_cluster_id, id__lt=job.pk).count() + 1
+
+
+def never_fits_reason(job: Job) -> str | None:
+    """Why `job` could not run even on an idle cluster, or None."""
+    states = node_states(ready_nodes())
+    quota = quotas(states).get(job.virtual_cluster.name)
+    if quota is None:
+        return f"virtual cluster '{job.virtual_cluster.name}' does not exist"
+    return scheduler.never_fits(job_request(job), states, quota)
+
+
+def config_never_fits_reason(config: dict, vc_name: str) -> str | None:
+    """The same test for a config that is not submitted yet (Submit Job's panel)."""
+    vc = VirtualCluster.objects.filter(name=vc_name).first()
+    if vc is None:
+        return f"virtual cluster '{vc_name}' does not exist"
+    draft = Job(config=config, virtual_cluster=vc, gpu_type=config.get("gpuType") or "")
+    draft.pk = 0
+    return never_fits_reason(draft)

@@ -1,0 +1,170 @@
+"""The pure scheduling rules and completion rules, on hand-made snapshots."""
+
+from __future__ import annotations
+
+import json
+
+from jobs.completion import Outcome, TaskResult, judge
+from jobs.scheduler import JobRequest, NodeState, PortRequest, Quota, RoleRequest, schedule
+from jobs.spec import parse_job_config
+
+
+def node(node_id: int, name: str, *, cpus: int = 8, memory: int = 32000, gpus: dict | None = None,
+         address: str | None = None, ports: tuple[int, int] = (20000, 20009), used_ports: set | None = None) -> NodeState:
+    return NodeState(id=node_id, name=name, address=address or f"10.0.0.{node_id}", cpus=cpus, memory_mb=memory,
+                     gpus=gpus or {}, port_start=ports[0], port_end=ports[1],
+                     used_ports=used_ports if used_ports is not None else set())
+
+
+def job(job_id: int, *roles: RoleRequest, vc: str = "default", gpu_type: str | None = None, overtaken: int = 0) -> JobRequest:
+    return JobRequest(id=job_id, vc=vc, gpu_type=gpu_type, roles=roles, overtaken=overtaken)
+
+
+def r(tasks: int = 1, cpus: int = 1, memory: int = 1000, gpus: int = 0, ports: tuple = (), name: str = "main") -> RoleRequest:
+    return RoleRequest(name=name, task_number=tasks, cpus=cpus, memory_mb=memory, gpus=gpus, ports=ports)
+
+
+def big_quota() -> dict[str, Quota]:
+    return {"default": Quota(cpus=1e6, memory_mb=1e9, gpus={"V100": 1e6, "K80": 1e6})}
+
+
+def test_it_places_all_tasks_or_none():
+    nodes = [node(1, "a", cpus=4), node(2, "b", cpus=4)]
+    decision = schedule([job(1, r(tasks=3, cpus=3))], nodes, big_quota(), max_overtakes=3)
+    assert 1 not in decision.placed
+    assert nodes[0].used_cpus == 0 and nodes[1].used_cpus == 0
+    assert "needs 3 tasks of role main" in decision.waiting[1]
+
+
+def test_it_spreads_a_gang_over_nodes_when_it_must():
+    nodes = [node(1, "a", cpus=4), node(2, "b", cpus=4)]
+    decision = schedule([job(1, r(tasks=2, cpus=3))], nodes, big_quota(), max_overtakes=3)
+    assert {p.node_id for p in decision.placed[1]} == {1, 2}
+
+
+def test_it_gives_whole_gpus_of_the_asked_type_and_never_shares_them():
+    nodes = [node(1, "a", gpus={0: "K80", 1: "V100", 2: "V100", 3: "V100"})]
+    decision = schedule([job(1, r(gpus=2), gpu_type="V100"), job(2, r(gpus=2), gpu_type="V100")], nodes,
+                        big_quota(), max_overtakes=3)
+    assert decision.placed[1][0].gpus == (1, 2)
+    assert 2 not in decision.placed
+    assert "2 GPUs of type V100" in decision.waiting[2]
+
+
+def test_it_packs_gpu_tasks_to_keep_big_holes_free():
+    nodes = [node(1, "a", gpus={0: "V100", 1: "V100"}), node(2, "b", gpus={i: "V100" for i in range(8)})]
+    decision = schedule([job(1, r(gpus=1))], nodes, big_quota(), max_overtakes=3)
+    assert decision.placed[1][0].node_id == 1
+
+
+def test_it_takes_exact_ports_or_free_ones_from_the_range():
+    nodes = [node(1, "a", used_ports={20000})]
+    ports = (PortRequest("http", 0, 2), PortRequest("fixed", 8080, 1))
+    decision = schedule([job(1, r(ports=ports)), job(2, r(ports=(PortRequest("fixed", 8080, 1),)))], nodes,
+                        big_quota(), max_overtakes=3)
+    assert decision.placed[1][0].ports == {"http": [20001, 20002], "fixed": [8080]}
+    assert 2 not in decision.placed and "fixed ports 8080" in decision.waiting[2]
+
+
+def test_two_nodes_on_one_address_never_hand_out_one_port_twice():
+    shared: set[int] = set()
+    nodes = [node(1, "a", address="127.0.0.1", used_ports=shared), node(2, "b", address="127.0.0.1", used_ports=shared)]
+    decision = schedule([job(1, r(tasks=2, cpus=6, ports=(PortRequest("fixed", 8080, 1),)))], nodes, big_quota(),
+                        max_overtakes=3)
+    assert 1 not in decision.placed  # both tasks want 127.0.0.1:8080
+
+
+def test_it_respects_the_virtual_cluster_quota():
+    quotas = {"default": Quota(cpus=100, memory_mb=1e6, gpus={}), "small": Quota(cpus=2, memory_mb=1e6, gpus={"V100": 1})}
+    nodes = [node(1, "a", cpus=16, gpus={0: "V100", 1: "V100"})]
+    decision = schedule([job(1, r(cpus=2), vc="small"), job(2, r(cpus=1), vc="small"), job(3, r(gpus=2), vc="small")],
+                        nodes, quotas, max_overtakes=3)
+    assert 1 in decision.placed and 2 not in decision.placed
+    assert "virtual cluster 'small' has 0 CPUs" in decision.waiting[2]
+    assert decision.waiting[3].startswith("can never fit: needs 2 GPUs but virtual cluster 'small' holds 1")
+
+
+def test_it_says_when_a_job_can_never_fit():
+    decision = schedule([job(1, r(cpus=64))], [node(1, "a", cpus=8)], big_quota(), max_overtakes=3)
+    assert decision.waiting[1].startswith("can never fit: no node has 64 CPUs")
+    assert 1 in decision.never_fits
+
+
+def test_it_lets_small_jobs_overtake_a_big_one_only_a_few_times():
+    nodes = [node(1, "a", cpus=4)]
+    nodes[0].used_cpus = 2  # something else runs
+    jobs = [job(1, r(cpus=4))] + [job(i, r(cpus=1)) for i in range(2, 8)]
+    decision = schedule(jobs, nodes, big_quota(), max_overtakes=1)
+    # One small job may pass the big one; then the queue waits behind it.
+    assert sorted(decision.placed) == [2]
+    assert decision.overtaken[1] == 1
+    assert "queued behind job #1" in decision.waiting[3]
+
+
+def test_a_job_overtaken_enough_blocks_its_virtual_cluster_only():
+    nodes = [node(1, "a", cpus=4)]
+    quotas = {"default": Quota(cpus=4, memory_mb=1e9, gpus={}), "other": Quota(cpus=4, memory_mb=1e9, gpus={})}
+    nodes[0].used_cpus = 2
+    decision = schedule([job(1, r(cpus=4), overtaken=3), job(2, r(cpus=1)), job(3, r(cpus=1), vc="other")],
+                        nodes, quotas, max_overtakes=3)
+    assert 2 not in decision.placed and 3 in decision.placed
+
+
+def test_a_job_that_can_never_fit_blocks_nobody():
+    decision = schedule([job(1, r(cpus=64), overtaken=99), job(2, r(cpus=1))], [node(1, "a", cpus=8)], big_quota(),
+                        max_overtakes=0)
+    assert 2 in decision.placed
+
+
+# ------------------------------------------------------------- completion
+
+
+def spec_of(*roles: dict, **top):
+    config = {"jobName": "j", "image": "i", "taskRoles": list(roles), **top}
+    return parse_job_config(json.dumps(config), user_name="u", default_fs_uri="file://").spec
+
+
+def role_cfg(name: str, tasks: int, **extra) -> dict:
+    return {"name": name, "taskNumber": tasks, "cpuNumber": 1, "memoryMB": 100, "gpuNumber": 0, "command": "x", **extra}
+
+
+def results(*states: tuple[str, int, str | None]) -> list[TaskResult]:
+    return [TaskResult(role, index, state, "why") for role, index, state in states]
+
+
+def test_the_first_failed_task_fails_the_job_by_default():
+    spec = spec_of(role_cfg("w", 2))
+    verdict = judge(spec, results(("w", 0, "FAILED"), ("w", 1, None)))
+    assert verdict.outcome == Outcome.FAILED and verdict.deciding.index == 0
+
+
+def test_a_null_min_failed_task_count_never_fails_the_job():
+    spec = spec_of(role_cfg("w", 2, minFailedTaskCount=None))
+    assert judge(spec, results(("w", 0, "FAILED"), ("w", 1, None))) is None
+    verdict = judge(spec, results(("w", 0, "FAILED"), ("w", 1, "SUCCEEDED")))
+    assert verdict.outcome == Outcome.SUCCEEDED and "minFailedTaskCount is null" in verdict.reason
+
+
+def test_min_failed_task_count_waits_for_that_many_failures():
+    spec = spec_of(role_cfg("w", 3, minFailedTaskCount=2))
+    assert judge(spec, results(("w", 0, "FAILED"), ("w", 1, None), ("w", 2, None))) is None
+    assert judge(spec, results(("w", 0, "FAILED"), ("w", 1, "FAILED"), ("w", 2, None))).outcome == Outcome.FAILED
+
+
+def test_min_succeeded_task_count_succeeds_early():
+    spec = spec_of(role_cfg("ps", 1), role_cfg("w", 2, minSucceededTaskCount=2))
+    verdict = judge(spec, results(("ps", 0, None), ("w", 0, "SUCCEEDED"), ("w", 1, "SUCCEEDED")))
+    assert verdict.outcome == Outcome.SUCCEEDED
+
+
+def test_kill_all_on_completed_task_number_ends_the_job():
+    spec = spec_of(role_cfg("ps", 2), role_cfg("w", 2), killAllOnCompletedTaskNumber=2)
+    assert judge(spec, results(("ps", 0, None), ("ps", 1, None), ("w", 0, "SUCCEEDED"), ("w", 1, None))) is None
+    verdict = judge(spec, results(("ps", 0, None), ("ps", 1, None), ("w", 0, "SUCCEEDED"), ("w", 1, "SUCCEEDED")))
+    assert verdict.outcome == Outcome.SUCCEEDED
+
+
+def test_all_tasks_succeeding_succeeds_the_job():
+    spec = spec_of(role_cfg("w", 2))
+    assert judge(spec, results(("w", 0, "SUCCEEDED"), ("w", 1, None))) is None
+    assert judge(spec, results(("w", 0, "SUCCEEDED"), ("w", 1, "SUCCEEDED"))).reason == "all tasks succeeded"

@@ -1,0 +1,281 @@
+"""The job-config language: every reference example parses, every kind of
+bad input gets its own clear message, and nothing else ever escapes."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jobs.spec import MAX_CONFIG_BYTES, SpecError, parse_job_config, substitute
+
+EXAMPLES = Path(__file__).parent / "data" / "examples"
+FS = "hdfs://namenode:9000"
+
+
+def parse(value, user: str = "alice"):
+    text = value if isinstance(value, (str, bytes)) else json.dumps(value)
+    return parse_job_config(text, user_name=user, default_fs_uri=FS)
+
+
+def good() -> dict:
+    return {
+        "jobName": "ok-job",
+        "image": "busybox",
+        "taskRoles": [{"name": "main", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 512, "gpuNumber": 0,
+                       "command": "echo hi"}],
+    }
+
+
+def problems(value) -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        parse(value)
+    return [str(p) for p in caught.value.problems]
+
+
+def test_it_parses_the_complete_example_into_typed_objects():
+    parsed = parse((EXAMPLES / "distributed-tensorflow-complete.jsonc").read_text())
+    spec = parsed.spec
+    assert spec.job_name == "tensorflow-distributed-jobguid"
+    assert spec.data_dir == f"{FS}/path/tensorflow-distributed-jobguid/data"
+    assert [r.name for r in spec.task_roles] == ["ps_server", "worker"]
+    worker = spec.role("worker")
+    assert worker.gpu_number == 4 and worker.min_succeeded_task_count == 2 and worker.min_failed_task_count == 1
+    assert [p.label for p in worker.ports] == ["http", "ssh"]
+    assert spec.job_envs == {"batch_size": 32, "job_model": "resnet20"}
+    assert spec.total_tasks == 4 and spec.total_gpus == 8
+
+
+def test_it_keeps_fields_seen_in_the_examples_and_warns_about_none_of_them():
+    parsed = parse((EXAMPLES / "helloworld-nvidia-smi.json").read_text())
+    assert parsed.warnings == []
+    assert parsed.normalized["tmp"]["vgInfo"]["名称"] == "test"
+    assert parsed.normalized["taskRoles"][0]["storageGB"] == 5
+    assert parsed.spec.role("task_1").min_failed_task_count is None  # explicit null: failures never fail the job
+
+
+def test_it_applies_defaults():
+    spec = parse(good()).spec
+    role = spec.task_roles[0]
+    assert role.shm_mb == 64 and role.min_failed_task_count == 1 and role.min_succeeded_task_count is None
+    assert spec.virtual_cluster == "default" and spec.retry_count == 0 and spec.gpu_type is None
+    assert spec.output_dir == f"{FS}/Output/alice/ok-job"
+
+
+def test_it_substitutes_platform_variables_in_folders_only():
+    value = good()
+    value.update(codeDir="$PAI_DEFAULT_FS_URI/$PAI_USER_NAME/code", outputDir="${PAI_DEFAULT_FS_URI}/out/$PAI_JOB_NAME",
+                 dataDir="$PAI_JOB_NAME_NOT_A_VAR")
+    value["taskRoles"][0]["command"] = "echo $PAI_JOB_NAME"
+    spec = parse(value).spec
+    assert spec.code_dir == f"{FS}/alice/code"
+    assert spec.output_dir == f"{FS}/out/ok-job"
+    assert spec.data_dir == "$PAI_JOB_NAME_NOT_A_VAR"
+    assert spec.task_roles[0].command == "echo $PAI_JOB_NAME"
+    assert substitute("$PAI_USER_NAME", job_name="j", user_name="u", default_fs_uri="f") == "u"
+
+
+def test_it_stores_the_config_exactly_as_submitted():
+    text = (EXAMPLES / "distributed-tensorflow-early.jsonc").read_text()
+    parsed = parse(text)
+    assert parsed.raw == text and "// use 2 ps servers" in parsed.raw
+
+
+def test_it_round_trips_the_normalized_config():
+    parsed = parse((EXAMPLES / "jupyter-notebook.json").read_text())
+    again = parse(json.dumps(parsed.normalized))
+    assert again.normalized == parsed.normalized
+    assert again.spec == parsed.spec
+
+
+def test_it_warns_about_a_typo_and_reports_the_missing_field():
+    value = good()
+    role = value["taskRoles"][0]
+    role["cpuNumbr"] = role.pop("cpuNumber")
+    with pytest.raises(SpecError) as caught:
+        parse(value)
+    assert [(p.path, p.message) for p in caught.value.problems] == [
+        ("taskRoles[0].cpuNumber", "is required: a whole number of at least 1")
+    ]
+    warning = caught.value.warnings[0]
+    assert warning.path == "taskRoles[0].cpuNumbr" and 'did you mean "cpuNumber"?' in warning.message
+
+
+def test_it_keeps_unknown_fields_with_a_warning():
+    value = good()
+    value["myNote"] = {"a": 1}
+    parsed = parse(value)
+    assert parsed.normalized["myNote"] == {"a": 1}
+    assert "unknown field \"myNote\"" in parsed.warnings[0].message
+
+
+def test_it_reports_syntax_errors_at_their_line_and_column():
+    text = '{\n  "jobName": "x",\n  "image": "y"\n  "taskRoles": []\n}'
+    assert problems(text) == ['config: invalid JSON: expected "," or "}" after a value in an object (line 4, column 3)']
+
+
+def test_it_points_schema_errors_at_their_place_in_the_text():
+    text = '{\n  "jobName": "x",\n  "image": "y",\n  "taskRoles": [\n    {"name": "a", "taskNumber": 1, "cpuNumber": 1,\n     "memoryMB": 5, "gpuNumber": 0, "command": "c"}\n  ]\n}'
+    with pytest.raises(SpecError) as caught:
+        parse(text)
+    problem = caught.value.problems[0]
+    assert (problem.path, problem.line, problem.column) == ("taskRoles[0].memoryMB", 6, 18)
+
+
+def test_it_reports_every_problem_at_once():
+    value = good()
+    value["jobName"] = "bad name"
+    value["retryCount"] = -1
+    value["taskRoles"][0].update(memoryMB=1, gpuNumber="two")
+    assert len(problems(value)) == 4
+
+
+def _with(path: str, value):
+    """good() with one field set (None deletes it); path like taskRoles.0.cpuNumber."""
+    config = good()
+    target = config
+    parts = path.split(".")
+    for part in parts[:-1]:
+        target = target[int(part)] if part.isdigit() else target[part]
+    last = parts[-1]
+    if value is _DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    return config
+
+
+_DELETE = object()
+ROLE = "taskRoles.0."
+BAD_INPUTS = [
+    # (config, the path and message expected in the first problem)
+    (_with("jobName", _DELETE), "jobName: is required"),
+    (_with("jobName", ""), "jobName: must not be empty"),
+    (_with("jobName", "has space"), 'jobName: expected letters, digits and - . _ ~'),
+    (_with("jobName", "x" * 200), "jobName: expected at most 128 characters"),
+    (_with("jobName", 42), "jobName: expected a string, got the number 42"),
+    (_with("image", _DELETE), "image: is required"),
+    (_with("image", "two words"), "image: expected a Docker image name without spaces"),
+    (_with("image", ["busybox"]), "image: expected a string, got a list"),
+    (_with("virtualCluster", "no-dash"), "virtualCluster: expected letters, digits and _"),
+    (_with("retryCount", -1), "retryCount: expected at least 0, got -1"),
+    (_with("retryCount", 1.5), "retryCount: expected a whole number, got the number 1.5"),
+    (_with("retryCount", True), "retryCount: expected a whole number, got true"),
+    (_with("taskRoles", _DELETE), "taskRoles: is required: a list with at least one task role"),
+    (_with("taskRoles", []), "taskRoles: expected at least one task role"),
+    (_with("taskRoles", {"name": "a"}), "taskRoles: expected a list of task roles, got an object"),
+    (_with("taskRoles", ["main"]), "taskRoles[0]: expected a task role object"),
+    (_with(ROLE + "name", "bad/name"), "taskRoles[0].name: expected letters, digits and . _ ~"),
+    (_with(ROLE + "taskNumber", 0), "taskRoles[0].taskNumber: expected at least 1, got 0"),
+    (_with(ROLE + "taskNumber", 5000), "taskRoles[0].taskNumber: expected at most 1000, got 5000"),
+    (_with(ROLE + "cpuNumber", 0), "taskRoles[0].cpuNumber: expected at least 1, got 0"),
+    (_with(ROLE + "cpuNumber", "4"), 'taskRoles[0].cpuNumber: expected a whole number, got the string "4"'),
+    (_with(ROLE + "memoryMB", 99), "taskRoles[0].memoryMB: expected at least 100 MB, got 99"),
+    (_with(ROLE + "memoryMB", 10**30), "taskRoles[0].memoryMB: expected at most"),
+    (_with(ROLE + "shmMB", 1024), "taskRoles[0].shmMB: expected at most memoryMB (512), got 1024"),
+    (_with(ROLE + "gpuNumber", -1), "taskRoles[0].gpuNumber: expected at least 0, got -1"),
+    (_with(ROLE + "gpuNumber", None), "taskRoles[0].gpuNumber: expected a whole number, got null"),
+    (_with(ROLE + "command", ""), "taskRoles[0].command: must not be empty"),
+    (_with(ROLE + "command", _DELETE), "taskRoles[0].command: is required"),
+    (_with(ROLE + "minFailedTaskCount", 3), "taskRoles[0].minFailedTaskCount: expected null or between 1 and taskNumber (2), got 3"),
+    (_with(ROLE + "minSucceededTaskCount", 0), "taskRoles[0].minSucceededTaskCount: expected at least 1, got 0"),
+    (_with(ROLE + "portList", {"label": "x"}), "taskRoles[0].portList: expected a list of {label, beginAt, portNumber}"),
+    (_with(ROLE + "portList", [{"label": "a b", "beginAt": 0, "portNumber": 1}]), "taskRoles[0].portList[0].label: expected letters"),
+    (_with(ROLE + "portList", [{"label": "http", "beginAt": 0, "portNumber": 0}]), "taskRoles[0].portList[0].portNumber: expected at least 1, got 0"),
+    (_with(ROLE + "portList", [{"label": "http", "beginAt": 65535, "portNumber": 2}]), "taskRoles[0].portList[0].beginAt: ports 65535..65536 go past 65535"),
+    (_with(ROLE + "portList", [{"label": "p", "beginAt": 0, "portNumber": 1}, {"label": "p", "beginAt": 0, "portNumber": 1}]),
+     'taskRoles[0].portList[1].label: duplicate port label "p"'),
+    (_with("jobEnvs", [1]), "jobEnvs: expected an object of name: value pairs, got a list"),
+    (_with("jobEnvs", {"isDebug": "yes"}), 'jobEnvs.isDebug: expected true or false, got the string "yes"'),
+    (_with("jobEnvs", {"paiAzRDMA": 1}), "jobEnvs.paiAzRDMA: expected true or false, got the number 1"),
+    (_with("jobEnvs", {"nested": {"a": 1}}), "jobEnvs.nested: expected a string, number, boolean or null, got an object"),
+    (_with("jobEnvs", {"1abc": "x"}), "jobEnvs.1abc: expected an environment variable name"),
+    (_with("jobEnvs", {"PAI_JOB_NAME": "x"}), "jobEnvs.PAI_JOB_NAME: names starting with PAI_ are set by the platform"),
+    (_with("extras", "text"), 'extras: expected an object, got the string "text"'),
+    (_with("killAllOnCompletedTaskNumber", -1), "killAllOnCompletedTaskNumber: expected at least 0, got -1"),
+    (_with("killAllOnCompletedTaskNumber", 9), "killAllOnCompletedTaskNumber: expected at most the job's task count (2), got 9"),
+    (_with("gpuType", "V 100"), "gpuType: expected a GPU type name like V100"),
+    ([1, 2], "config: expected a JSON object {...} holding jobName, image and taskRoles, got a list"),
+    ("", "config: the config is empty"),
+    ("{", "config: invalid JSON: unexpected end of input"),
+    ('{"jobName": "a", "jobName": "b"}', 'config: invalid JSON: duplicate key "jobName" (line 1, column 18)'),
+    ('{"jobName": "a",}', 'config: invalid JSON: trailing comma before "}"'),
+    ("{/* never closed", "config: invalid JSON: comment opened with /* is never closed"),
+    ('{"jobName": NaN}', "config: invalid JSON: unexpected text 'NaN}'"),
+    ('{"jobName": 1e999}', "config: invalid JSON: number is too large"),
+    ('{"jobName": "\\ud800"}', "config: invalid JSON: string holds half of a unicode surrogate pair"),
+    ('{"jobName": "a\\u0000b"}', "config: invalid JSON: strings may not contain the NUL character"),
+    ("[" * 100 + "]" * 100, "config: invalid JSON: nested deeper than 32 levels"),
+    ('{"a": ' * 40 + "1" + "}" * 40, "config: invalid JSON: nested deeper than 32 levels"),
+    ("x" * (MAX_CONFIG_BYTES + 1), "config: the config is 256 KB; the limit is 256 KB"),
+    (b"\xff\xfe{}", "config: the file is not UTF-8 text"),
+    ("protocolVersion: 2\nname: x\n", "config: this looks like an OpenPAI v2 YAML config"),
+]
+
+
+def _duplicate_roles() -> dict:
+    config = good()
+    config["taskRoles"].append(copy.deepcopy(config["taskRoles"][0]))
+    return config
+
+
+BAD_INPUTS.append((_duplicate_roles(), 'taskRoles[1].name: duplicate task role name "main" (also taskRoles[0].name)'))
+
+
+@pytest.mark.parametrize("value,expected", BAD_INPUTS, ids=[e[1][:60] for e in BAD_INPUTS])
+def test_it_names_the_field_and_what_was_expected(value, expected):
+    found = problems(value)
+    assert any(problem.startswith(expected) for problem in found), found
+
+
+def test_the_bad_input_table_is_big_enough():
+    assert len(BAD_INPUTS) >= 30
+
+
+# Values of every JSON shape, and JSON-ish text, for the property tests.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5),
+    max_leaves=30,
+)
+keys = st.sampled_from(["jobName", "image", "taskRoles", "name", "taskNumber", "cpuNumber", "memoryMB", "gpuNumber",
+                        "command", "portList", "label", "beginAt", "portNumber", "jobEnvs", "extras", "retryCount",
+                        "shmMB", "minFailedTaskCount", "minSucceededTaskCount", "isDebug", "virtualCluster"])
+config_like = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-10, max_value=10**6) | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(keys, children, max_size=8),
+    max_leaves=40,
+)
+
+
+def _only_spec_errors(data) -> None:
+    try:
+        parse_job_config(data, user_name="alice", default_fs_uri=FS)
+    except SpecError as exc:
+        assert exc.problems and all(p.message for p in exc.problems)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=300) | st.binary(max_size=300))
+def test_no_text_or_bytes_raise_anything_but_a_spec_error(data):
+    _only_spec_errors(data)
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values | config_like)
+def test_no_json_value_raises_anything_but_a_spec_error(value):
+    _only_spec_errors(json.dumps(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(EXAMPLES.iterdir())), st.data())
+def test_no_mangled_example_raises_anything_but_a_spec_error(path, data):
+    text = path.read_text()
+    start = data.draw(st.integers(min_value=0, max_value=len(text)))
+    end = data.draw(st.integers(min_value=start, max_value=min(len(text), start + 20)))
+    insert = data.draw(st.text(alphabet='{}[]",:/*0123456789 \n-truefalsn\\', max_size=10))
+    _only_spec_errors(text[:start] + insert + text[end:])

@@ -101,5 +101,19 @@ class SshKeyAdmin(admin.ModelAdmin):
 
 @admin.register(TerminalSession)
 class TerminalSessionAdmin(admin.ModelAdmin):
+    """The browser terminal's audit log: read-only, kept as recorded."""
+
     list_display = ("user", "attempt", "started_at", "ended_at", "client_address", "end_reason")
+    list_filter = ("started_at",)
+    list_select_related = ("user", "attempt__task")
+    search_fields = ("user__username", "attempt__job__name")
     readonly_fields = ("user", "attempt", "started_at", "ended_at", "client_address", "end_reason")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: TerminalSession | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: TerminalSession | None = None) -> bool:
+        return False

@@ -30,6 +30,9 @@ class BadPublicKey(ValueError):
 
 def check_public_key(text: str) -> tuple[str, str]:
     """Validate one OpenSSH public key line; return (normalized line, fingerprint)."""
+    if "PRIVATE KEY" in text:
+        raise BadPublicKey("this is a private key: paste the public key (the .pub file) instead, "
+                           "and keep the private key to yourself")
     parts = text.strip().split()
     if len(parts) < 2 or "\n" in text.strip():
         raise BadPublicKey("expected one line like 'ssh-ed25519 AAAA... you@laptop'")

@@ -8,6 +8,7 @@ scheduling pass when they reconcile.
 from __future__ import annotations
 
 import functools
+import time
 
 import django_rq
 from django.conf import settings
@@ -55,6 +56,25 @@ def request_schedule() -> None:
 
 def schedule_pass_started() -> None:
     connection().delete(_schedule_flag())
+
+
+def _last_pass_key() -> str:
+    return f"{_prefix()}:last-pass-started"
+
+
+def wait_for_pass_slot(min_gap: float) -> None:
+    """Start passes at most every `min_gap` seconds. Under a burst of
+    submissions, back-to-back passes would keep a core busy re-reading the
+    queue; waiting here lets the requests that arrive meanwhile share the
+    next pass (the request flag stays set until the pass starts). An idle
+    cluster never waits: its last pass is long past."""
+    redis = connection()
+    last = redis.get(_last_pass_key())
+    if last is not None:
+        delay = float(last) + min_gap - time.time()
+        if delay > 0:
+            time.sleep(min(delay, min_gap))
+    redis.set(_last_pass_key(), repr(time.time()), ex=60)
 
 
 def _launch_marker(attempt_id: int) -> str:

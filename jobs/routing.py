@@ -2,4 +2,8 @@
 
 from django.urls import path
 
-websocket_urlpatterns: list = []
+from jobs.terminal import TerminalConsumer
+
+websocket_urlpatterns = [
+    path("ws/terminal/<int:attempt_id>/", TerminalConsumer.as_asgi()),
+]

@@ -1,9 +1,12 @@
 """RQ entry points: ids in, a service or the node agent out. Nothing else."""
 
+from django.conf import settings
+
 from jobs import agent, queues, services
 
 
 def schedule() -> int:
+    queues.wait_for_pass_slot(settings.SCHEDULER_MIN_PASS_GAP)
     return services.schedule_pass()
 
 

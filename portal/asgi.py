@@ -1,22 +1,32 @@
-"""ASGI entry point served by gunicorn with uvicorn workers: HTTP goes to
-Django, WebSockets (the browser terminal) to Channels consumers."""
+"""ASGI entry point served by gunicorn with uvicorn workers.
+
+WebSockets (the browser terminal) go to Channels consumers. Plain HTTP goes
+to Django's WSGI handler on a fixed pool of long-lived threads (a2wsgi):
+every view of the portal is synchronous, and Django's own ASGI handler would
+run each request on a fresh thread (so a fresh database connection, and
+CONN_MAX_AGE never applies) and would read sync streaming responses (log and
+file downloads) whole into memory before sending the first byte.
+"""
 
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-django_asgi_app = get_asgi_application()
+get_asgi_application()  # sets Django up before the imports below
 
+from a2wsgi import WSGIMiddleware  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.wsgi import get_wsgi_application  # noqa: E402
 
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": WSGIMiddleware(get_wsgi_application(), workers=settings.PORTAL_HTTP_THREADS),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -183,9 +183,16 @@ WEBHDFS_URL = env_str("WEBHDFS_URL", "")
 WEBHDFS_USER = env_str("WEBHDFS_USER", "pai")
 if STORAGE_BACKEND == "webhdfs" and not WEBHDFS_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured("STORAGE_BACKEND=webhdfs needs WEBHDFS_URL, e.g. http://namenode:9870")
-PAI_DEFAULT_FS_URI = env_str(
-    "PAI_DEFAULT_FS_URI", "file://" if STORAGE_BACKEND == "local" else "hdfs://namenode:9000"
+# Empty (as in .env.example) means the backend's default. "file://" ends up
+# as "file:", so "$PAI_DEFAULT_FS_URI/alice/code" reads "file:/alice/code".
+PAI_DEFAULT_FS_URI = (
+    env_str("PAI_DEFAULT_FS_URI", "") or ("file://" if STORAGE_BACKEND == "local" else "hdfs://namenode:9000")
 ).rstrip("/")
+if not PAI_DEFAULT_FS_URI.startswith("file:" if STORAGE_BACKEND == "local" else "hdfs://"):
+    raise ImproperlyConfigured(
+        f"PAI_DEFAULT_FS_URI={PAI_DEFAULT_FS_URI!r} does not match STORAGE_BACKEND={STORAGE_BACKEND}: expected "
+        + ("file:// (or leave it empty)" if STORAGE_BACKEND == "local" else "hdfs://<namenode>:<rpc port>, e.g. hdfs://namenode:9000")
+    )
 STORAGE_SHARED_FOLDERS = env_list("STORAGE_SHARED_FOLDERS", ["shared"])
 CODE_DIR_MAX_MB = env_int("CODE_DIR_MAX_MB", 200, minimum=1)
 UPLOAD_OUTPUTS_DEFAULT = env_bool("UPLOAD_OUTPUTS_DEFAULT", False)
@@ -195,13 +202,25 @@ NODE_HEARTBEAT_SECONDS = env_float("NODE_HEARTBEAT_SECONDS", 5.0, minimum=0.2)
 NODE_LOST_AFTER_SECONDS = env_float("NODE_LOST_AFTER_SECONDS", 30.0, minimum=1.0)
 RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 15.0, minimum=0.5)
 SCHEDULER_MAX_OVERTAKES = env_int("SCHEDULER_MAX_OVERTAKES", 3, minimum=0)
+# Scheduling passes start at most this often (seconds); see jobs/queues.py.
+SCHEDULER_MIN_PASS_GAP = env_float("SCHEDULER_MIN_PASS_GAP", 0.1, minimum=0.0)
 STOP_GRACE_SECONDS = env_int("STOP_GRACE_SECONDS", 10, minimum=0)
 LOG_MAX_BYTES_PER_TASK = env_int("LOG_MAX_BYTES_PER_TASK", 50 * 1024 * 1024, minimum=1024)
 LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 64 * 1024, minimum=256)
 LOG_FLUSH_SECONDS = env_float("LOG_FLUSH_SECONDS", 0.25, minimum=0.01)
 WEB_PORT_LABELS = env_list("WEB_PORT_LABELS", ["jupyter", "http", "https", "tensorboard", "web"])
 JOB_SUBNET_POOL = env_str("JOB_SUBNET_POOL", "10.213.0.0/16")
+# One-task jobs: Docker's default "bridge" network (fastest start), or
+# "isolated", a shared network of ours where containers cannot reach each
+# other (about 70 ms more per start). Multi-task jobs always get their own.
+SINGLE_TASK_NETWORK = env_choice("SINGLE_TASK_NETWORK", "bridge", ("bridge", "isolated"))
 JUPYTER_IDLE_MINUTES = env_int("JUPYTER_IDLE_MINUTES", 60, minimum=1)
+# Submit Job: the image a new job starts with (pick one every node has locally).
+SUBMIT_DEFAULT_IMAGE = env_str("SUBMIT_DEFAULT_IMAGE", "pai-local/debian:bookworm")
+
+# Threads per gunicorn worker serving plain HTTP (portal/asgi.py); each
+# keeps its own database connection.
+PORTAL_HTTP_THREADS = env_int("PORTAL_HTTP_THREADS", 8, minimum=1, maximum=256)
 
 # REST API
 API_ANONYMOUS_READ = env_bool("API_ANONYMOUS_READ", False)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from tests.settings import TEST_ENV, TEST_VAR
+from tests.settings import PORT_BASE, TEST_ENV, TEST_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = TEST_VAR / "logs"
@@ -48,6 +48,7 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, interval
 
 def process_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # only for the test process (tests/settings.py)
     env.update(TEST_ENV)
     env["DJANGO_SETTINGS_MODULE"] = "portal.settings"
     env["PYTHONUNBUFFERED"] = "1"
@@ -97,6 +98,12 @@ class Cluster:
         return process
 
     # ----------------------------------------------------------- node agents
+
+    @staticmethod
+    def port_range(slot: int, size: int = 100) -> str:
+        """Host ports of this test run: slot 0..5, 100 ports each."""
+        start = PORT_BASE + slot * 100
+        return f"{start}-{start + size - 1}"
 
     def start_agent(self, name: str, *, ports: str, cpus: int = 16, memory_mb: int = 32768, gpus: int = 0,
                     gpu_type: str = "SIM", wait: bool = True, env: dict[str, str] | None = None) -> Process:

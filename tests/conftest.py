@@ -9,6 +9,7 @@ and jobs with unique names (see `make_user`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import shutil
 import uuid
@@ -19,6 +20,7 @@ from django.conf import settings
 
 from tests import services as test_services
 from tests.cluster import Cluster, remove_test_containers
+from tests.browser import browser, page  # noqa: F401  (fixtures)
 from tests.settings import TEST_VAR
 
 
@@ -29,6 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
             path.unlink()
     shutil.rmtree(TEST_VAR / "storage", ignore_errors=True)
     shutil.rmtree(TEST_VAR / "stage", ignore_errors=True)
+    test_services.remove_stale_runs()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -67,10 +70,16 @@ def docker_engine() -> str:
 
 @pytest.fixture(scope="session")
 def static_files() -> None:
-    """The portal serves collected static files (whitenoise's manifest)."""
-    from django.core.management import call_command
+    """The portal serves collected static files (whitenoise's manifest).
+    Collected by a process with the portal's own settings: this one uses
+    plain static storage for pages rendered by the test client."""
+    import subprocess
+    import sys
 
-    call_command("collectstatic", interactive=False, verbosity=0)
+    from tests.cluster import ROOT, process_env
+
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=process_env(),
+                   check=True, timeout=300)
 
 
 @pytest.fixture(scope="session")
@@ -80,8 +89,8 @@ def cluster(redis_server, docker_engine, static_files) -> Iterator[Cluster]:
     remove_test_containers()
     running = Cluster()
     try:
-        running.start_agent("t-node-a", ports="31000-31199", gpus=4, gpu_type="V100")
-        running.start_agent("t-node-b", ports="31200-31399", gpus=2, gpu_type="TITANX")
+        running.start_agent("t-node-a", ports=running.port_range(0), gpus=4, gpu_type="V100")
+        running.start_agent("t-node-b", ports=running.port_range(1), gpus=2, gpu_type="TITANX")
         running.start_portal()
         yield running
     finally:
@@ -90,6 +99,15 @@ def cluster(redis_server, docker_engine, static_files) -> Iterator[Cluster]:
 
 
 _counter = itertools.count()
+
+
+@functools.cache
+def _hashed(password: str) -> str:
+    """Hash each test password once: the real hasher takes ~1 s a call, and
+    the portal's processes must verify these hashes with their own settings."""
+    from django.contrib.auth.hashers import make_password
+
+    return make_password(password)
 _users_made: list = []
 
 
@@ -106,7 +124,9 @@ def make_user() -> Iterator[Callable[..., object]]:
     made: list[User] = []
 
     def make(prefix: str = "user", *, admin: bool = False, password: str = "pw-for-tests-1") -> User:
-        user = User.objects.create_user(unique(prefix), password=password, is_staff=admin, is_superuser=admin)
+        user = User.objects.create_user(unique(prefix), is_staff=admin, is_superuser=admin)
+        user.password = _hashed(password)
+        user.save(update_fields=["password"])
         user.test_password = password  # type: ignore[attr-defined]
         made.append(user)
         return user

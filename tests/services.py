@@ -101,6 +101,18 @@ def stop_pidfile(pidfile: Path, timeout: float = 10.0) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def remove_stale_runs() -> None:
+    """Folders of earlier test runs whose pytest is gone."""
+    for folder in TEST_VAR.parent.glob("run-*"):
+        run_id = folder.name.removeprefix("run-")
+        if folder == TEST_VAR or not run_id.isdigit():
+            continue
+        try:
+            os.kill(int(run_id), 0)
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def stop_all() -> None:
     while _started:
         _name, pidfile = _started.pop()

@@ -11,7 +11,12 @@ import os
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
-TEST_VAR = _ROOT / "var" / "test"
+# Each pytest session gets its own folder, label, subnets and host ports, so
+# two test runs on one machine (or one beside a live portal) never collide.
+RUN_ID = os.environ.get("PORTAL_TEST_RUN") or str(os.getpid())
+_slot = int(RUN_ID) % 50 if RUN_ID.isdigit() else 0
+TEST_VAR = _ROOT / "var" / "test" / f"run-{RUN_ID}"
+PORT_BASE = 30000 + _slot * 600  # agents take ranges from here (see tests/cluster.py)
 REDIS_SOCKET = TEST_VAR / "redis.sock"
 REDIS_PASSWORD = "test-redis-password"
 
@@ -21,10 +26,11 @@ TEST_ENV = {
     "PORTAL_VAR_DIR": str(TEST_VAR),
     "DATABASE_URL": f"sqlite:///{TEST_VAR / 'portal.sqlite3'}",
     "REDIS_URL": f"unix://{REDIS_SOCKET}?db=0&password={REDIS_PASSWORD}",
-    "PAI_INSTANCE": "pai-test",
+    "PAI_INSTANCE": f"pai-test-{RUN_ID}",
+    "PORTAL_TEST_RUN": RUN_ID,
     "STORAGE_BACKEND": "local",
     "STORAGE_LOCAL_ROOT": str(TEST_VAR / "storage"),
-    "JOB_SUBNET_POOL": "10.214.0.0/16",
+    "JOB_SUBNET_POOL": f"10.{150 + _slot}.0.0/16",
     "NODE_HEARTBEAT_SECONDS": "1",
     "NODE_LOST_AFTER_SECONDS": "8",
     "RECONCILE_SECONDS": "3",
@@ -33,6 +39,13 @@ TEST_ENV = {
     "PORTAL_LOG_LEVEL": "WARNING",
 }
 os.environ.update(TEST_ENV)
+# Playwright's sync API runs an event loop in the test thread; the ORM calls
+# tests make beside it are still plain synchronous code (this process only).
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 TEST_VAR.mkdir(parents=True, exist_ok=True)
 
 from portal.settings import *  # noqa: E402,F401,F403
+
+# Pages rendered in this process (Django's test client) need no collected
+# manifest; gunicorn under test still serves the real, collected one.
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import docker
 import pytest
+from django.conf import settings
 
 from jobs import services
 from jobs.models import ExitType, JobAttempt, LogCursor, State, Stream, TaskAttempt
@@ -198,7 +199,7 @@ def test_it_isolates_task_containers(alice, tmp_path):
                             .values_list("container_id", flat=True).first(), what="the container")
     host_config = docker.from_env().api.inspect_container(container_id)["HostConfig"]
     assert host_config["Privileged"] is False
-    assert host_config["NetworkMode"] not in ("host", "default", "bridge")
+    assert host_config["NetworkMode"] != "host"
     assert not host_config.get("Binds")
     assert attempt.state == "SUCCEEDED"
 
@@ -228,7 +229,7 @@ def test_it_resumes_log_capture_after_the_node_agent_is_killed(alice, cluster):
     wait_for(lambda: len(lines(job)) >= 20, what="some lines")
     agent = cluster.agent("t-node-b")
     agent.stop(signal.SIGKILL)
-    cluster.start_agent("t-node-b", ports="31200-31399", gpus=2, gpu_type="TITANX")
+    cluster.start_agent("t-node-b", ports=cluster.port_range(1), gpus=2, gpu_type="TITANX")
     job = wait_state(job, State.SUCCEEDED, timeout=60)
     assert lines(job) == [f"line {i}" for i in range(1, 151)]
 
@@ -241,7 +242,7 @@ def test_it_relaunches_pending_launches_after_redis_is_flushed(alice, cluster):
     job = submit(alice, config("flush", role(command="echo survived", gpus=1), gpuType="TITANX"))
     wait_state(job, State.RUNNING)
     queues.connection().flushdb()
-    cluster.start_agent("t-node-b", ports="31200-31399", gpus=2, gpu_type="TITANX")
+    cluster.start_agent("t-node-b", ports=cluster.port_range(1), gpus=2, gpu_type="TITANX")
     job = wait_state(job, State.SUCCEEDED, timeout=60)
     assert lines(job) == ["survived"]
 
@@ -249,7 +250,7 @@ def test_it_relaunches_pending_launches_after_redis_is_flushed(alice, cluster):
 def test_it_fails_the_tasks_of_a_lost_node(alice, cluster):
     import signal
 
-    cluster.start_agent("t-node-lost", ports="31400-31409", gpus=1, gpu_type="LOSTTEST")
+    cluster.start_agent("t-node-lost", ports=cluster.port_range(2), gpus=1, gpu_type="LOSTTEST")
     job = wait_state(submit(alice, config("lost", role(command="sleep 600", gpus=1), gpuType="LOSTTEST")), State.RUNNING)
     wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exists(), what="the task to run")
     cluster.agent("t-node-lost").stop(signal.SIGKILL)
@@ -266,7 +267,7 @@ def test_it_reports_a_failed_image_pull(alice):
 
 def test_it_truncates_a_huge_log_and_lets_the_task_go_on(alice, cluster):
     # A node agent of its own, with a small cap on stored log bytes.
-    cluster.start_agent("t-node-cap", ports="31410-31419", gpus=1, gpu_type="CAPTEST",
+    cluster.start_agent("t-node-cap", ports=cluster.port_range(3), gpus=1, gpu_type="CAPTEST",
                         env={"LOG_MAX_BYTES_PER_TASK": "20000"})
     command = "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); echo line $i; done; echo still alive >&2"
     job = wait_state(submit(alice, config("cap", role(command=command, gpus=1), gpuType="CAPTEST")), State.SUCCEEDED)
@@ -276,3 +277,99 @@ def test_it_truncates_a_huge_log_and_lets_the_task_go_on(alice, cluster):
     assert lines(job, Stream.STDERR) == ["still alive"]
     assert LogCursor.objects.get(attempt__job=job, stream=Stream.STDOUT).truncated
     cluster.agent("t-node-cap").stop()
+
+
+def test_it_keeps_one_task_jobs_apart_on_the_isolated_network(alice, cluster):
+    cluster.start_agent("t-node-iso", ports=cluster.port_range(4), gpus=2, gpu_type="ISOTEST",
+                        env={"SINGLE_TASK_NETWORK": "isolated"})
+    server = wait_state(submit(alice, config("listener", role(command="nc -l -p 5000", gpus=1), gpuType="ISOTEST")),
+                        State.RUNNING)
+    container_id = wait_for(lambda: TaskAttempt.objects.filter(job=server, state="RUNNING").exclude(container_id="")
+                            .values_list("container_id", flat=True).first(), what="the listener")
+    networks = docker.from_env().api.inspect_container(container_id)["NetworkSettings"]["Networks"]
+    shared = f"{settings.PAI_INSTANCE}-shared"
+    assert list(networks) == [shared]
+    address = networks[shared]["IPAddress"]
+    probe = f"echo hi | timeout 4 nc -w 2 {address} 5000; [ $? = 1 ] && echo unreachable || echo reached"
+    client = wait_state(submit(alice, config("prober", role(command=probe, gpus=1), gpuType="ISOTEST")), State.SUCCEEDED)
+    assert lines(client) == ["unreachable"]
+    cluster.agent("t-node-iso").stop()
+
+
+def test_it_refuses_a_virtual_cluster_the_user_may_not_use(alice, admin_user):
+    from jobs.models import VirtualCluster
+
+    VirtualCluster.objects.get_or_create(name="private_vc")  # no capacity: takes nothing from default
+    with pytest.raises(services.SubmitError) as refused:
+        submit(alice, config("novc", role(), virtualCluster="private_vc"))
+    assert refused.value.code == "ForbiddenUserError" and refused.value.field == "virtualCluster"
+    with pytest.raises(services.SubmitError) as missing:
+        submit(alice, config("novc", role(), virtualCluster="no_such_vc"))
+    assert missing.value.code == "NoVirtualClusterError" and "default" in missing.value.message
+    job = submit(admin_user, config("adminvc", role(command="true"), virtualCluster="private_vc"))
+    assert job.virtual_cluster.name == "private_vc"
+    services.job_stop(job=job, by=admin_user)
+
+
+def test_it_shows_why_a_job_waits_and_its_place_in_the_queue(alice):
+    # Node b's two TITANX GPUs are held; two more jobs queue for them.
+    holder = wait_state(submit(alice, config("holder", role(command="sleep 600", gpus=2), gpuType="TITANX")), State.RUNNING)
+    first = submit(alice, config("queued1", role(command="true", gpus=2), gpuType="TITANX"))
+    second = submit(alice, config("queued2", role(command="true", gpus=1), gpuType="TITANX"))
+    wait_for(lambda: "TITANX" in type(second).objects.get(pk=second.pk).waiting_reason, what="a reason to wait")
+    first.refresh_from_db()
+    assert first.waiting_reason.startswith("needs 1 task of role main with 1 CPU, 256 MB memory, 2 GPUs of type TITANX")
+    assert "virtual cluster 'default' has" in first.waiting_reason
+    assert services.queue_position(first) < services.queue_position(second)
+    services.job_stop(job=holder, by=alice)
+    wait_state(first, State.SUCCEEDED, timeout=60)
+
+
+def test_it_kills_a_task_that_ignores_sigterm_after_the_grace_period(alice):
+    job = wait_state(submit(alice, config("stubborn", role(command="trap '' TERM; echo ready; sleep 600"))), State.RUNNING)
+    wait_for(lambda: lines(job) == ["ready"], what="the task to print")
+    services.job_stop(job=job, by=alice)
+    job = wait_state(job, State.STOPPED, timeout=30)
+    took = (job.finished_at - job.stop_requested_at).total_seconds()
+    assert took >= settings.STOP_GRACE_SECONDS - 0.5, f"stopped after {took:.1f} s, before the grace period"
+    assert job.exit_type == ExitType.USER_STOP
+
+
+def test_it_records_an_exit_that_happened_while_the_agent_was_down(alice, cluster):
+    import signal
+
+    job = wait_state(submit(alice, config("exitdown", role(command="sleep 3; echo bye; exit 4", gpus=1),
+                                          gpuType="TITANX")), State.RUNNING)
+    attempt = wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exclude(container_id="").first(),
+                       what="the container")
+    cluster.agent("t-node-b").stop(signal.SIGKILL)
+    client = docker.from_env()
+    wait_for(lambda: client.containers.get(attempt.container_id).status == "exited", timeout=30, what="the exit")
+    cluster.start_agent("t-node-b", ports=cluster.port_range(1), gpus=2, gpu_type="TITANX")
+    job = wait_state(job, State.FAILED, timeout=60)
+    assert job.exit_code == 4 and lines(job) == ["bye"]
+
+
+def test_it_removes_an_orphan_container_of_its_node(cluster):
+    client = docker.from_env()
+    orphan = client.containers.run("pai-local/busybox:latest", ["sleep", "600"], detach=True, labels={
+        "pai.instance": settings.PAI_INSTANCE, "pai.node": "t-node-a", "pai.task-attempt": "987654321"})
+
+    def gone() -> bool:
+        try:
+            client.containers.get(orphan.id)
+        except docker.errors.NotFound:
+            return True
+        return False
+
+    wait_for(gone, timeout=30, what="reconciliation to remove the orphan")
+
+
+def test_it_runs_code_from_a_folder_given_relative_to_the_users_home(alice):
+    code = settings.STORAGE_LOCAL_ROOT / alice.username / "code"
+    code.mkdir(parents=True)
+    (code / "train.sh").write_text("echo training in $(pwd) with $PAI_CODE_DIR\n")
+    job = wait_state(submit(alice, config("relcode", role(command="sh train.sh"), codeDir="code")), State.SUCCEEDED)
+    assert job.config_raw.count('"codeDir": "code"') == 1  # as submitted
+    assert job.config["codeDir"] == f"file:///{alice.username}/code"
+    assert lines(job) == [f"training in /pai/work with file:///{alice.username}/code"]

@@ -196,6 +196,7 @@ BAD_INPUTS = [
     (_with("jobEnvs", {"1abc": "x"}), "jobEnvs.1abc: expected an environment variable name"),
     (_with("jobEnvs", {"PAI_JOB_NAME": "x"}), "jobEnvs.PAI_JOB_NAME: names starting with PAI_ are set by the platform"),
     (_with("extras", "text"), 'extras: expected an object, got the string "text"'),
+    (_with("extras", {"uploadOutputs": "yes"}), 'extras.uploadOutputs: expected true or false, got the string "yes"'),
     (_with("killAllOnCompletedTaskNumber", -1), "killAllOnCompletedTaskNumber: expected at least 0, got -1"),
     (_with("killAllOnCompletedTaskNumber", 9), "killAllOnCompletedTaskNumber: expected at most the job's task count (2), got 9"),
     (_with("gpuType", "V 100"), "gpuType: expected a GPU type name like V100"),

@@ -7,15 +7,17 @@ high-level objects inspect the container again after every call.
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import re
 import socket
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import docker
 import docker.errors
@@ -78,6 +80,8 @@ class ContainerSpec:
     gpu_device_ids: list[str] = field(default_factory=list)
     code_dir: str = ""  # host folder mounted read-only at /pai/code
     pids_limit: int = 4096
+    # Files copied in before the start: {"pai/ssh/peers.conf": (content, mode)}.
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,7 +252,9 @@ class Engine:
             extra_hosts=spec.extra_hosts or None, network_mode=spec.network, privileged=False,
             pids_limit=spec.pids_limit, log_config=LogConfig(type="json-file", config={"max-size": "200m", "max-file": "2"}),
         )
-        endpoint = EndpointConfig(version=self.api._version, ipv4_address=spec.ip or None, aliases=[spec.hostname])
+        # Docker's default bridge takes no aliases; networks of ours do.
+        aliases = None if spec.network == "bridge" else [spec.hostname]
+        endpoint = EndpointConfig(version=self.api._version, ipv4_address=spec.ip or None, aliases=aliases)
         networking = self.api.create_networking_config({spec.network: endpoint})
         try:
             created = self.api.create_container(
@@ -261,6 +267,8 @@ class Engine:
             if exc.status_code != 409:
                 raise LaunchError("PLATFORM", f"could not create the container: {exc.explanation or exc}") from None
             container_id = self.api.inspect_container(spec.name)["Id"]
+        if spec.files:
+            self.api.put_archive(container_id, "/", _tar(spec.files))
         try:
             self.api.start(container_id)
         except docker.errors.APIError as exc:
@@ -325,8 +333,10 @@ class Engine:
             yield parse_log_timestamp(frame)
 
     def exec_status(self, container_id: str, command: list[str]) -> int | None:
+        """Exit code of a short command run in the container (None: could not run)."""
         try:
-            exec_id = self.api.exec_create(container_id, command, stdout=False, stderr=False)["Id"]
+            # Attached output makes exec_start wait until the command ends.
+            exec_id = self.api.exec_create(container_id, command, stdout=True, stderr=True)["Id"]
             self.api.exec_start(exec_id)
             return self.api.exec_inspect(exec_id).get("ExitCode")
         except docker.errors.APIError:
@@ -341,17 +351,40 @@ class Engine:
         return stream
 
     def open_terminal(self, container_id: str, *, command: list[str], env: list[str] | None = None) -> tuple[str, socket.socket]:
-        """An interactive exec with a TTY; returns (exec id, raw socket)."""
+        """An interactive exec with a TTY: (exec id, a socket the caller owns).
+
+        The SDK hands back the hijacked HTTP connection still tied to its
+        response objects; we keep a duplicate and close the original, so
+        closing ours really ends the connection (the engine then ends the
+        shell) and nothing the SDK garbage-collects later can close it."""
         exec_id = self.api.exec_create(container_id, command, stdin=True, tty=True, environment=env)["Id"]
-        sock = self.api.exec_start(exec_id, tty=True, socket=True)
-        raw = getattr(sock, "_sock", sock)
-        return exec_id, raw
+        hijacked = self.api.exec_start(exec_id, tty=True, socket=True)
+        raw = getattr(hijacked, "_sock", hijacked)
+        own = raw.dup()
+        raw.close()
+        hijacked.close()
+        return exec_id, own
 
     def resize_terminal(self, exec_id: str, *, rows: int, cols: int) -> None:
         try:
             self.api.exec_resize(exec_id, height=rows, width=cols)
-        except docker.errors.APIError:
-            pass
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            pass  # the shell is gone or the engine unreachable: the session ends on its own
+
+
+def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        folders = sorted({str(p) for name in files for p in PurePosixPath(name).parents} - {"."})
+        for folder in folders:
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755  # an existing folder takes this mode too
+            archive.addfile(info)
+        for name, (content, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(content), mode
+            archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
 
 
 def _split_image(image: str) -> tuple[str, str]:

@@ -120,3 +120,30 @@ def config_never_fits_reason(config: dict, vc_name: str) -> str | None:
     draft = Job(config=config, virtual_cluster=vc, gpu_type=config.get("gpuType") or "")
     draft.pk = 0
     return never_fits_reason(draft)
+
+
+@dataclass(frozen=True)
+class ConfigFit:
+    """Would a not-yet-submitted config fit? `never`: why it could not run even
+    on an idle cluster; `wait`: why it could not start right now."""
+
+    never: str | None
+    wait: str | None
+
+
+def config_fit(config: dict, vc_name: str) -> ConfigFit:
+    """Submit Job's panel: both answers from one snapshot of the cluster as it
+    is now (jobs queued before it aside). Nothing is reserved."""
+    vc = VirtualCluster.objects.filter(name=vc_name).first()
+    states = node_states(ready_nodes())
+    quota = quotas(states).get(vc_name)
+    if vc is None or quota is None:
+        missing = f"virtual cluster '{vc_name}' does not exist"
+        return ConfigFit(never=missing, wait=missing)
+    draft = Job(config=config, virtual_cluster=vc, gpu_type=config.get("gpuType") or "")
+    draft.pk = 0
+    request = job_request(draft)
+    never = scheduler.never_fits(request, states, quota)
+    if never or scheduler.place_job(request, states, quota) is not None:
+        return ConfigFit(never=never, wait=None)
+    return ConfigFit(never=None, wait=scheduler.explain_wait(request, states, quota))

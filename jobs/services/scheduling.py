@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
@@ -101,10 +102,10 @@ def quotas(states: list[scheduler.NodeState]) -> dict[str, scheduler.Quota]:
     return result
 
 
-def job_request(job: Job) -> scheduler.JobRequest:
-    """What a stored job asks for, platform ports (ssh, main) included."""
+def _roles(config: dict) -> tuple[scheduler.RoleRequest, ...]:
+    """What a config's task roles ask for, platform ports (ssh, main) included."""
     roles = []
-    for role in job.config["taskRoles"]:
+    for role in config["taskRoles"]:
         ports = [scheduler.PortRequest(p["label"], p["beginAt"], p["portNumber"]) for p in role.get("portList") or []]
         for label in platform_port_labels([p.label for p in ports]):
             ports.append(scheduler.PortRequest(label, 0, 1))
@@ -112,10 +113,51 @@ def job_request(job: Job) -> scheduler.JobRequest:
             name=role["name"], task_number=role["taskNumber"], cpus=role["cpuNumber"],
             memory_mb=role["memoryMB"], gpus=role["gpuNumber"], ports=tuple(ports),
         ))
+    return tuple(roles)
+
+
+def job_request(job: Job) -> scheduler.JobRequest:
+    """What a stored job asks for."""
     return scheduler.JobRequest(
-        id=job.pk, vc=job.virtual_cluster.name, gpu_type=job.gpu_type or None, roles=tuple(roles),
+        id=job.pk, vc=job.virtual_cluster.name, gpu_type=job.gpu_type or None, roles=_roles(job.config),
         overtaken=job.overtaken,
     )
+
+
+# A job's config never changes once stored, so a process decodes each
+# waiting job's roles once instead of at every pass (a pass may look at
+# thousands of waiting jobs, several times a second under a burst).
+_roles_cache: dict[int, tuple[scheduler.RoleRequest, ...]] = {}
+_ROLES_CACHE_MAX = 20_000
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    id: int
+    vc: str
+    gpu_type: str
+    overtaken: int
+    waiting_reason: str
+
+
+def _waiting_jobs() -> list[_Waiting]:
+    rows = (Job.objects.filter(state=State.WAITING).order_by("id")
+            .values_list("id", "virtual_cluster__name", "gpu_type", "overtaken", "waiting_reason")[:MAX_JOBS_PER_PASS])
+    return [_Waiting(*row) for row in rows]
+
+
+def _requests(waiting: list[_Waiting]) -> list[scheduler.JobRequest]:
+    missing = [job.id for job in waiting if job.id not in _roles_cache]
+    if len(_roles_cache) + len(missing) > _ROLES_CACHE_MAX:
+        _roles_cache.clear()
+        missing = [job.id for job in waiting]
+    for job_id, config in Job.objects.filter(pk__in=missing).values_list("id", "config").iterator(chunk_size=500):
+        _roles_cache[job_id] = _roles(config)
+    return [
+        scheduler.JobRequest(id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=_roles_cache[job.id],
+                             overtaken=job.overtaken)
+        for job in waiting
+    ]
 
 
 def _allocate_subnet(job_attempt: JobAttempt, tasks: int) -> ipaddress.IPv4Network | None:
@@ -182,19 +224,17 @@ def schedule_pass() -> int:
         list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
         nodes = ready_nodes()
         states = node_states(nodes)
-        waiting = list(
-            Job.objects.filter(state=State.WAITING).select_related("virtual_cluster").order_by("id")[:MAX_JOBS_PER_PASS]
-        )
+        waiting = _waiting_jobs()
         decision = scheduler.schedule(
-            [job_request(job) for job in waiting], states, quotas(states),
-            max_overtakes=settings.SCHEDULER_MAX_OVERTAKES,
+            _requests(waiting), states, quotas(states), max_overtakes=settings.SCHEDULER_MAX_OVERTAKES,
         )
         by_id = {node.pk: node for node in nodes}
         for job in waiting:
-            if job.pk in decision.placed:
-                launches.extend(_apply(job, decision.placed[job.pk], by_id))
-            elif decision.waiting.get(job.pk, job.waiting_reason) != job.waiting_reason:
-                Job.objects.filter(pk=job.pk, state=State.WAITING).update(waiting_reason=decision.waiting[job.pk])
+            if job.id in decision.placed:
+                launches.extend(_apply(Job.objects.get(pk=job.id), decision.placed[job.id], by_id))
+                _roles_cache.pop(job.id, None)
+            elif decision.waiting.get(job.id, job.waiting_reason) != job.waiting_reason:
+                Job.objects.filter(pk=job.id, state=State.WAITING).update(waiting_reason=decision.waiting[job.id])
         for job_id, count in decision.overtaken.items():
             Job.objects.filter(pk=job_id, state=State.WAITING).update(overtaken=F("overtaken") + count)
         transaction.on_commit(lambda: [queues.enqueue_launch(name, attempt_id) for name, attempt_id in launches])

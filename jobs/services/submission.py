@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
@@ -53,6 +55,25 @@ def _check_storage(user: User, spec: JobSpec) -> None:
         raise SpecError([SpecProblem("outputDir", f"cannot create the output folder: {exc}")]) from None
 
 
+def _with_full_uris(spec: JobSpec, user: User) -> JobSpec:
+    """The job's folders as full URIs ("code" -> "file:///alice/code"), so the
+    node, the task's PAI_*_DIR variables, the page and the API all see the
+    same, unambiguous place. The config as submitted keeps what was typed."""
+    def full(value: str | None) -> str | None:
+        return storage.canonical_uri(value, user_name=user.username) if value else value
+
+    return dataclasses.replace(spec, code_dir=full(spec.code_dir), data_dir=full(spec.data_dir),
+                               output_dir=full(spec.output_dir) or spec.output_dir, auth_file=full(spec.auth_file))
+
+
+def _upload_outputs_wanted(spec: JobSpec, asked: bool | None) -> bool:
+    """Per job (`extras.uploadOutputs: true`, or the caller), else the admin's default."""
+    if asked is not None:
+        return asked
+    wanted = spec.extras.get("uploadOutputs")
+    return wanted if isinstance(wanted, bool) else settings.UPLOAD_OUTPUTS_DEFAULT
+
+
 def job_submit(*, owner: User, config: str | bytes | ParsedConfig, upload_outputs: bool | None = None) -> Job:
     """Validate a v1 config and queue the job. Raises SpecError or SubmitError."""
     parsed = config if isinstance(config, ParsedConfig) else parse_for_user(config, user=owner)
@@ -61,16 +82,17 @@ def job_submit(*, owner: User, config: str | bytes | ParsedConfig, upload_output
     if Job.objects.filter(owner=owner, name=spec.job_name).exists():
         raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName")
     _check_storage(owner, spec)
+    spec = _with_full_uris(spec, owner)
     private_key, public_key = keys.new_key_pair(f"pai-job-{owner.username}-{spec.job_name}")
     try:
         with transaction.atomic():
             job = Job.objects.create(
                 owner=owner, name=spec.job_name, virtual_cluster=vc, config_raw=parsed.raw,
-                config=parsed.normalized, warnings=[w.as_dict() for w in parsed.warnings],
+                config=spec.to_config(), warnings=[w.as_dict() for w in parsed.warnings],
                 retry_limit=spec.retry_count, total_tasks=spec.total_tasks, total_gpus=spec.total_gpus,
                 total_roles=len(spec.task_roles), gpu_type=spec.gpu_type or "",
                 ssh_private_key=private_key, ssh_public_key=public_key,
-                upload_outputs=settings.UPLOAD_OUTPUTS_DEFAULT if upload_outputs is None else upload_outputs,
+                upload_outputs=_upload_outputs_wanted(spec, upload_outputs),
                 waiting_reason="waiting for the scheduler",
             )
             JobAttempt.objects.create(job=job, number=1)

@@ -1,23 +1,182 @@
 """Storage for code, data and output: the only package that imports `hdfs`.
 
-CONTRACT (used by jobs/services.py and jobs/runner.py; keep these names):
+Two backends behind one interface (base.Backend): local disk under
+STORAGE_LOCAL_ROOT (the default; file:// URIs) and HDFS through WebHDFS
+(hdfs:// URIs). paths.py says how users address files, access.py who may
+touch what, files.py is what the storage page does for a signed-in user.
 
-    class StorageError(Exception)            # message is shown to users as is
-    class StorageAccessDenied(StorageError)
-    class StorageNotFound(StorageError)
+Used by the job services and the node runner (keep these names):
 
-    def check_job_paths(*, user_name: str, is_admin: bool, spec: JobSpec) -> list[tuple[str, str]]
-        For codeDir, dataDir, outputDir and authFile of the spec: a list of
-        (field name, message) for each one the user may not use (wrong scheme,
-        `..` escapes, another user's home, host paths ...). Empty list = fine.
-    def ensure_output_dir(*, user_name: str, uri: str) -> None
-        Create outputDir when missing (raises StorageError).
-    def stage_tree(uri: str, dest: pathlib.Path, *, max_bytes: int) -> int
-        Copy the folder at `uri` into local folder `dest` (created), refusing
-        with StorageError once more than `max_bytes` would be copied. Returns bytes copied.
-    def upload_tree(src: pathlib.Path, uri: str) -> int
-        Copy a local folder's contents into `uri` (created). Returns bytes copied.
-    def read_small_file(uri: str, *, max_bytes: int) -> bytes
+    StorageError, StorageAccessDenied, StorageNotFound
+    check_job_paths(*, user_name, is_admin, spec) -> [(field, message)]
+    ensure_output_dir(*, user_name, uri)
+    stage_tree(uri, dest, *, max_bytes) -> bytes copied
+    upload_tree(src, uri) -> bytes copied
+    read_small_file(uri, *, max_bytes) -> bytes
+    parse_auth_file(data) -> (registry, username, password)
 
-This placeholder is replaced by the full implementation (local disk + WebHDFS).
+The runner-side functions take an optional `user_name`, needed only for paths
+relative to the owner's home ("code" = "/<user>/code"); configs that use URIs
+or absolute paths do not need it.
 """
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from django.conf import settings
+
+from jobs.spec import JobSpec
+from jobs.storage import paths
+from jobs.storage.access import Reader, check_read, check_write
+from jobs.storage.base import Backend, Entry
+from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
+
+__all__ = [
+    "Backend", "Entry", "Reader", "StorageAccessDenied", "StorageError", "StorageNotFound",
+    "backend", "canonical_uri", "check_job_paths", "ensure_output_dir", "locate", "parse_auth_file",
+    "read_small_file", "reader_for", "stage_tree", "to_uri", "upload_tree",
+]
+
+_lock = threading.Lock()
+_backends: dict[tuple, Backend] = {}
+
+
+def backend() -> Backend:
+    """The configured backend (one per configuration, made on first use)."""
+    key = (settings.STORAGE_BACKEND, str(settings.STORAGE_LOCAL_ROOT), settings.WEBHDFS_URL, settings.WEBHDFS_USER)
+    with _lock:
+        if key not in _backends:
+            if settings.STORAGE_BACKEND == "webhdfs":
+                from jobs.storage.webhdfs import WebHdfsBackend
+
+                _backends[key] = WebHdfsBackend(settings.WEBHDFS_URL, user=settings.WEBHDFS_USER)
+            else:
+                from jobs.storage.local import LocalBackend
+
+                _backends[key] = LocalBackend(Path(settings.STORAGE_LOCAL_ROOT))
+        return _backends[key]
+
+
+def locate(value: str, *, user_name: str | None = None) -> str:
+    """The storage path a user means (URI, absolute or home-relative path)."""
+    return paths.to_path(value, backend=settings.STORAGE_BACKEND, default_fs_uri=settings.PAI_DEFAULT_FS_URI,
+                         user_name=user_name)
+
+
+def to_uri(path: str) -> str:
+    """The URI for a storage path, as a job config would name it."""
+    return paths.to_uri(path, backend=settings.STORAGE_BACKEND, default_fs_uri=settings.PAI_DEFAULT_FS_URI)
+
+
+def canonical_uri(value: str, *, user_name: str) -> str:
+    """`value` as a full URI ("code" -> "file:///alice/code"), for places
+    that pass paths on without a user at hand (a task's PAI_DATA_DIR, the
+    node runner). A value that cannot be located is returned unchanged:
+    submission has already reported it."""
+    if not value:
+        return value
+    try:
+        return to_uri(locate(value, user_name=user_name))
+    except StorageError:
+        return value
+
+
+def reader_for(*, user_name: str, is_admin: bool) -> Reader:
+    return Reader(name=user_name, is_admin=is_admin, shared=tuple(settings.STORAGE_SHARED_FOLDERS))
+
+
+# ------------------------------------------------------------------ submission
+
+def check_job_paths(*, user_name: str, is_admin: bool, spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, message) for each of codeDir, dataDir, outputDir, authFile the
+    user may not use. codeDir must be an existing folder and authFile a valid
+    file now: finding out when the task starts, maybe hours later, helps nobody.
+    Messages say what was expected (the errors below are worded that way)."""
+    reader = reader_for(user_name=user_name, is_admin=is_admin)
+    fields = [("codeDir", spec.code_dir, False), ("dataDir", spec.data_dir, False),
+              ("outputDir", spec.output_dir, True), ("authFile", spec.auth_file, False)]
+    problems = []
+    for field, value, write in fields:
+        if not value:
+            continue
+        path = value
+        try:
+            path = locate(value, user_name=user_name)
+            (check_write if write else check_read)(reader, path)
+            if field == "codeDir":
+                _check_folder(path)
+            elif field == "authFile":
+                parse_auth_file(_read_limited(path, max_bytes=64 * 1024))
+        except StorageNotFound:
+            problems.append((field, f"{to_uri(path)} does not exist; expected {_EXPECTED[field]}"))
+        except StorageError as exc:
+            problems.append((field, str(exc)))
+    return problems
+
+
+_EXPECTED = {"codeDir": "an existing folder", "authFile": "a file of three lines: registry, username, password"}
+
+
+def _check_folder(path: str) -> None:
+    if not backend().require(path).is_dir:
+        raise StorageError(f"{to_uri(path)} is a file; expected a folder")
+
+
+def ensure_output_dir(*, user_name: str, uri: str) -> None:
+    """Make outputDir when missing (submission already checked access)."""
+    path = locate(uri, user_name=user_name)
+    entry = backend().stat(path)
+    if entry is not None and not entry.is_dir:
+        raise StorageError(f"{to_uri(path)} is a file; expected a folder")
+    if entry is None:
+        backend().mkdir(path)
+
+
+# ------------------------------------------------------------------- the node
+
+def stage_tree(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = None) -> int:
+    """Copy the folder at `uri` into the local folder `dest` (the node's code
+    cache). With local storage the node reads STORAGE_LOCAL_ROOT directly:
+    portal and nodes share one machine."""
+    return backend().download_tree(locate(uri, user_name=user_name), dest, max_bytes=max_bytes)
+
+
+def upload_tree(src: Path, uri: str, *, user_name: str | None = None) -> int:
+    """Copy a local folder's contents into `uri` (made when missing)."""
+    return backend().upload_tree(src, locate(uri, user_name=user_name))
+
+
+def read_small_file(uri: str, *, max_bytes: int, user_name: str | None = None) -> bytes:
+    return _read_limited(locate(uri, user_name=user_name), max_bytes=max_bytes)
+
+
+def _read_limited(path: str, *, max_bytes: int) -> bytes:
+    entry = backend().require(path)
+    if entry.is_dir:
+        raise StorageError(f"{to_uri(path)} is a folder; expected a file")
+    if entry.size > max_bytes:
+        raise StorageError(f"{to_uri(path)} is larger than {max_bytes} bytes")
+    with backend().open_read(path) as stream:
+        data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise StorageError(f"{to_uri(path)} is larger than {max_bytes} bytes")
+    return data
+
+
+def parse_auth_file(data: bytes) -> tuple[str, str, str]:
+    """OpenPAI's authFile: registry, username and password on three lines.
+    Errors never quote the file: its third line is a password."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StorageError("the authFile is not UTF-8 text") from None
+    lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    if len(lines) != 3 or not all(lines):
+        raise StorageError(f"the authFile has {len(lines)} non-blank line(s) where three were expected: "
+                           "registry, username, password")
+    registry, username, password = lines
+    return registry, username, password

@@ -1,16 +1,35 @@
-"""Cluster pages: virtual clusters, nodes (admins)."""
+"""Cluster pages: virtual clusters (everyone), nodes (admins)."""
 
-from django.contrib.admin.views.decorators import staff_member_required
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.views.decorators.http import require_GET
 
-from jobs.models import Node, VirtualCluster
+from jobs import services
+from jobs.models import ACTIVE_TASK_STATES, TaskAttempt, VirtualCluster
+
+TASKS_LISTED_PER_NODE = 8
 
 
+@require_GET
 def virtual_clusters(request: HttpRequest) -> HttpResponse:
-    return render(request, "jobs/virtual_clusters.html", {"vcs": VirtualCluster.objects.all()})
+    allowed = {vc.name for vc in VirtualCluster.objects.all() if vc.allows(request.user)}
+    return render(request, "jobs/virtual_clusters.html", {"vcs": services.vc_usage(), "allowed": allowed})
 
 
-@staff_member_required
+@require_GET
 def nodes(request: HttpRequest) -> HttpResponse:
-    return render(request, "jobs/nodes.html", {"nodes": Node.objects.all()})
+    # A plain 403 rather than the admin's login page: the user is signed in,
+    # the page is simply not theirs.
+    if not request.user.is_admin:
+        raise PermissionDenied("The nodes page is for administrators.")
+    usage = services.node_usage()
+    tasks: dict[int, list[TaskAttempt]] = {}
+    active = (TaskAttempt.objects.filter(state__in=ACTIVE_TASK_STATES).select_related("task", "job")
+              .only("node_id", "state", "task__role", "task__index", "job__name").order_by("id"))
+    for attempt in active:
+        tasks.setdefault(attempt.node_id, []).append(attempt)
+    rows = [(u, tasks.get(u.node.pk, [])[:TASKS_LISTED_PER_NODE]) for u in usage]
+    return render(request, "jobs/nodes.html", {"rows": rows})

@@ -1,20 +1,217 @@
-"""Job pages: list, submit, detail."""
+"""Job pages: the list (with live rows and bulk stop), a job's page (with its
+live summary and task tables), stopping, and config downloads.
 
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+Logs have their own module (jobs/views/job_logs.py). Every view finds the
+job through `Job.objects.visible_to`, so another user's job is a 404.
+"""
 
-from jobs.models import Job
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from jobs import services
+from jobs.models import Job, JobAttempt, State, Stream, Task, TaskAttempt
+from jobs.services import access, listing
 
 
+def _job_for_user(request: HttpRequest, job_id: int) -> Job:
+    return get_object_or_404(Job.objects.visible_to(request.user).select_related("owner", "virtual_cluster"), pk=job_id)
+
+
+# ------------------------------------------------------------------ the list
+
+
+def _list_context(request: HttpRequest, *, with_count: bool = True) -> dict:
+    filters = listing.filters_from(request.GET, viewer=request.user)
+    page = listing.job_list_page(filters, viewer=request.user, number=listing.page_number(request.GET.get("page")),
+                                 with_count=with_count)
+    return {"filters": filters, "page": page, "jobs": page.jobs, "ALL_USERS": listing.ALL_USERS}
+
+
+@require_GET
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = Job.objects.visible_to(request.user).select_related("owner", "virtual_cluster")[:50]
-    return render(request, "jobs/list.html", {"jobs": jobs})
+    context = _list_context(request)
+    context.update(listing.filter_choices(viewer=request.user))
+    context["states"] = State.choices
+    context["sorts"] = listing.SORTS
+    return render(request, "jobs/list.html", context)
 
 
-def submit(request: HttpRequest) -> HttpResponse:
-    return render(request, "jobs/submit.html", {})
+@require_GET
+def job_list_rows(request: HttpRequest) -> HttpResponse:
+    """The rows of the list page as it is filtered now; the page polls this
+    to keep statuses fresh without a reload."""
+    return render(request, "jobs/partials/list_rows.html", _list_context(request, with_count=False))
 
 
+def _safe_next(request: HttpRequest, default: str) -> str:
+    target = request.POST.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return target
+    return default
+
+
+@require_POST
+def bulk_stop(request: HttpRequest) -> HttpResponse:
+    """Stop the selected jobs, each checked on its own; say what happened to each."""
+    ids = [int(i) for i in request.POST.getlist("job") if i.isdigit()][:500]
+    if not ids:
+        messages.info(request, "Select the jobs to stop first (the boxes in the first column).")
+    found = {job.pk: job for job in Job.objects.visible_to(request.user).filter(pk__in=ids)}
+    for job_id in ids:
+        job = found.get(job_id)
+        if job is None:
+            messages.error(request, f"Job #{job_id}: not found.")
+            continue
+        _stop_with_message(request, job)
+    return redirect(_safe_next(request, reverse("jobs:list")))
+
+
+def _stop_with_message(request: HttpRequest, job: Job) -> None:
+    try:
+        job = services.job_stop(job=job, by=request.user)
+    except services.JobStateError as exc:
+        messages.warning(request, f"{job.name}: not stopped, {exc}.")
+        return
+    if job.state == State.STOPPED:
+        messages.success(request, f"{job.name}: stopped.")
+    else:
+        messages.success(request, f"{job.name}: stopping; its containers get a moment to exit.")
+
+
+# ------------------------------------------------------------ a job's page
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task: Task
+    attempt: TaskAttempt | None
+    ports: list[access.PortLink]
+    gpus_simulated: bool
+
+
+@dataclass(frozen=True)
+class RoleTable:
+    name: str
+    config: dict
+    rows: list[TaskRow]
+
+
+def _role_tables(job: Job, number: int, attempts: list[TaskAttempt]) -> list[RoleTable]:
+    """One table per task role, in the config's order, for job attempt `number`."""
+    by_task = {a.task_id: a for a in attempts if a.number == number}
+    tasks: dict[str, list[Task]] = {}
+    for task in Task.objects.filter(job=job).order_by("role", "index"):
+        tasks.setdefault(task.role, []).append(task)
+    tables = []
+    for role in job.config.get("taskRoles", []):
+        rows = []
+        for task in tasks.get(role["name"], []):
+            attempt = by_task.get(task.pk)
+            rows.append(TaskRow(task, attempt, access.port_links(attempt) if attempt else [],
+                                bool(attempt and attempt.node and attempt.node.gpus_simulated)))
+        tables.append(RoleTable(role["name"], role, rows))
+    return tables
+
+
+def _log_choices(job_attempts: list[JobAttempt], attempts: list[TaskAttempt]) -> list[tuple[int, list[TaskAttempt]]]:
+    """The log viewer's task menu: tasks grouped by job attempt, newest first."""
+    groups = []
+    for job_attempt in sorted(job_attempts, key=lambda a: -a.number):
+        members = [a for a in attempts if a.job_attempt_id == job_attempt.pk]
+        if members:
+            groups.append((job_attempt.number, members))
+    return groups
+
+
+def _shown_attempt_number(request: HttpRequest, job: Job, job_attempts: list[JobAttempt]) -> int:
+    raw = request.GET.get("attempt", "")
+    numbers = {a.number for a in job_attempts}
+    if raw.isdigit() and int(raw) in numbers:
+        return int(raw)
+    return job.attempt_number
+
+
+def _detail_context(request: HttpRequest, job: Job) -> dict:
+    job_attempts = list(job.attempts.all())
+    attempts = list(
+        TaskAttempt.objects.filter(job=job).select_related("task", "node", "job_attempt").order_by("number", "task__role", "task__index")
+    )
+    number = _shown_attempt_number(request, job, job_attempts)
+    waiting = job.state == State.WAITING
+    return {
+        "job": job,
+        "job_attempts": job_attempts,
+        "shown_number": number,
+        "role_tables": _role_tables(job, number, attempts),
+        "log_groups": _log_choices(job_attempts, attempts),
+        "queue_position": services.queue_position(job) if waiting else None,
+        "never_fits": services.never_fits_reason(job) if waiting else None,
+        "can_stop": not job.is_final,
+    }
+
+
+@require_GET
 def detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = get_object_or_404(Job.objects.visible_to(request.user), pk=job_id)
-    return render(request, "jobs/detail.html", {"job": job})
+    job = _job_for_user(request, job_id)
+    context = _detail_context(request, job)
+    context["config_raw"] = job.config_raw
+    context["config_normalized"] = json.dumps(job.config, indent=2, ensure_ascii=False)
+    context["streams"] = [(s.label, s.label) for s in Stream]
+    context["log_stream"] = request.GET.get("stream") if request.GET.get("stream") in Stream.labels else "stdout"
+    context["log_attempt"] = request.GET.get("log", "")
+    return render(request, "jobs/detail.html", context)
+
+
+@require_GET
+def detail_live(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The parts of a job's page that change while it runs (summary, task
+    tables, the log viewer's task menu), polled by the page."""
+    job = _job_for_user(request, job_id)
+    return render(request, "jobs/partials/job_live.html", _detail_context(request, job))
+
+
+@require_http_methods(["GET", "POST"])
+def stop(request: HttpRequest, job_id: int) -> HttpResponse:
+    """GET asks for confirmation (the page's dialog does it in place); POST stops."""
+    job = _job_for_user(request, job_id)
+    if request.method == "POST":
+        _stop_with_message(request, job)
+        return redirect("jobs:detail", job_id=job.pk)
+    if job.is_final:
+        messages.info(request, f"{job.name} has already ended ({job.get_state_display()}).")
+        return redirect("jobs:detail", job_id=job.pk)
+    return render(request, "jobs/stop_confirm.html", {"job": job})
+
+
+def _is_plain_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+@require_GET
+def config_download(request: HttpRequest, job_id: int, kind: str) -> HttpResponse:
+    """The config as submitted (comments kept) or as normalized, as a file."""
+    job = _job_for_user(request, job_id)
+    if kind == "submitted":
+        body = job.config_raw
+        filename = f"{job.name}.json" if _is_plain_json(body) else f"{job.name}.jsonc"
+    elif kind == "normalized":
+        body = json.dumps(job.config, indent=2, ensure_ascii=False) + "\n"
+        filename = f"{job.name}.json"
+    else:
+        raise Http404("no such config")
+    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response

@@ -1,8 +1,141 @@
-"""The storage page: browse, upload, download (see jobs/storage/)."""
+"""The storage page: browse, make folders, upload, download, delete.
 
-from django.http import HttpRequest, HttpResponse
+Paths arrive as `?path=` (a storage path, a file:// or hdfs:// URI, or a path
+relative to the user's home) and are checked by jobs.storage.files for the
+signed-in user. Uploads are streamed by Django's upload handlers to temporary
+files (FILE_UPLOAD_MAX_MEMORY_SIZE) and copied to storage in chunks;
+downloads stream in chunks too.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, urlencode
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from jobs import storage
+from jobs.storage import access, files, paths
+from jobs.storage.access import Reader
+
+USE_AS_FIELDS = ("codeDir", "dataDir", "outputDir")
 
 
+def _reader(request: HttpRequest) -> Reader:
+    return storage.reader_for(user_name=request.user.username, is_admin=request.user.is_admin)
+
+
+def _locate(request: HttpRequest, value: str) -> str:
+    return storage.locate(value, user_name=request.user.username)
+
+
+def _status(exc: storage.StorageError) -> int:
+    if isinstance(exc, files.FileConflict):
+        return 409
+    if isinstance(exc, storage.StorageAccessDenied):
+        return 403
+    if isinstance(exc, storage.StorageNotFound):
+        return 404
+    return 400
+
+
+def folder_url(path: str) -> str:
+    return reverse("jobs:storage") + "?" + urlencode({"path": path})
+
+
+def _back(request: HttpRequest, folder: str) -> HttpResponseRedirect:
+    return HttpResponseRedirect(folder_url(folder))
+
+
+@require_GET
 def browse(request: HttpRequest) -> HttpResponse:
-    return render(request, "jobs/storage.html", {})
+    reader = _reader(request)
+    context: dict = {"reader": reader, "use_as_fields": USE_AS_FIELDS}
+    try:
+        raw = request.GET.get("path", "").strip()
+        path = _locate(request, raw) if raw else files.home_of(reader)
+        folder = files.folder_open(reader, path)
+    except storage.StorageError as exc:
+        context.update(error=str(exc), home=reader.home)
+        return render(request, "jobs/storage.html", context, status=_status(exc))
+    use_as = [(field, reverse("jobs:submit") + "?" + urlencode({field: folder.uri})) for field in USE_AS_FIELDS]
+    context.update(folder=folder, use_as=use_as)
+    return render(request, "jobs/storage.html", context)
+
+
+@require_GET
+def download(request: HttpRequest) -> HttpResponse:
+    try:
+        entry, chunks = files.file_read(_reader(request), _locate(request, request.GET.get("path", "")))
+    except storage.StorageError as exc:
+        return render(request, "jobs/storage.html", {"error": str(exc)}, status=_status(exc))
+    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+    response["Content-Length"] = str(entry.size)
+    response["Content-Disposition"] = f"attachment; filename*=UTF-8''{quote(entry.name)}"
+    return response
+
+
+@require_POST
+def make_folder(request: HttpRequest) -> HttpResponse:
+    folder = request.POST.get("path", "")
+    try:
+        folder = _locate(request, folder)
+        made = files.folder_create(_reader(request), folder, request.POST.get("name", "").strip())
+    except storage.StorageError as exc:
+        messages.error(request, f"Could not make the folder: {exc}")
+        return _back(request, folder or "/")
+    messages.success(request, f"Made folder {made}.")
+    return _back(request, made if made == folder else folder)
+
+
+@require_POST
+def upload(request: HttpRequest) -> HttpResponse:
+    """Files in `files`; with a folder upload, their relative paths in
+    `names` (same order), since Django keeps only a file name's last part."""
+    uploaded = request.FILES.getlist("files")
+    names = request.POST.getlist("names")
+    if len(names) != len(uploaded):
+        names = [f.name for f in uploaded]
+    wants_json = request.headers.get("Accept", "").startswith("application/json")
+    folder = request.POST.get("path", "")
+    try:
+        folder = _locate(request, folder)
+        saved = files.files_save(_reader(request), folder, list(zip(names, uploaded)),
+                                 overwrite=request.POST.get("overwrite") == "1")
+    except storage.StorageError as exc:
+        if wants_json:
+            return JsonResponse({"error": str(exc)}, status=_status(exc))
+        messages.error(request, f"Upload refused: {exc}")
+        return _back(request, folder or "/")
+    finally:
+        for item in uploaded:
+            item.close()  # removes Django's temporary file now, not at GC
+    if wants_json:
+        return JsonResponse({"saved": saved})
+    messages.success(request, f"Uploaded {len(saved)} file(s).")
+    return _back(request, folder)
+
+
+@require_http_methods(["GET", "POST"])
+def delete(request: HttpRequest) -> HttpResponse:
+    """GET asks for confirmation; POST deletes (a folder with all it holds)."""
+    reader = _reader(request)
+    raw = request.POST.get("path", "") if request.method == "POST" else request.GET.get("path", "")
+    try:
+        path = _locate(request, raw)
+        if request.method == "GET":
+            entry = files.path_info(reader, path)
+            access.check_delete(reader, path)
+            return render(request, "jobs/storage.html", {"confirm_delete": entry, "reader": reader,
+                                                          "cancel_url": folder_url(paths.parent(path))})
+        files.path_delete(reader, path)
+    except storage.StorageError as exc:
+        if request.method == "GET":
+            return render(request, "jobs/storage.html", {"error": str(exc), "reader": reader}, status=_status(exc))
+        messages.error(request, f"Could not delete: {exc}")
+        return _back(request, paths.parent(raw) if raw.startswith("/") else reader.home)
+    messages.success(request, f"Deleted {path}.")
+    return _back(request, paths.parent(path))

@@ -2,19 +2,54 @@
 (function () {
   "use strict";
 
-  // <time datetime="..."> in the reader's own time zone.
-  function localTimes(root) {
-    root.querySelectorAll("time[datetime]").forEach(function (el) {
+  var root = document.documentElement;
+  root.classList.add("js");
+
+  var LONG = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" };
+  var SHORT = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" };
+  var SHORT_SECONDS = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" };
+
+  // <time datetime="..."> in the reader's own time zone; the server's text
+  // (UTC) stays as the tooltip.
+  function localTimes(scope) {
+    scope.querySelectorAll("time[datetime]").forEach(function (el) {
+      if (el.dataset.localized) return;
       var when = new Date(el.getAttribute("datetime"));
       if (isNaN(when)) return;
-      el.textContent = when.toLocaleString(undefined, { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
-      el.title = when.toISOString();
+      var sameYear = when.getFullYear() === new Date().getFullYear();
+      // Tables are dense: the year goes when it is this one (and the seconds in the job list).
+      var format = !sameYear || !el.closest("table") ? LONG : el.closest(".jobs-table") ? SHORT : SHORT_SECONDS;
+      el.title = el.textContent.trim();
+      el.textContent = when.toLocaleString(undefined, format);
+      el.dataset.localized = "1";
+    });
+  }
+
+  // "1h 02m 03s", the same words as the server's duration_text filter.
+  function durationText(ms) {
+    var s = Math.max(0, Math.floor(ms / 1000));
+    var d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), sec = s % 60;
+    var two = function (n) { return (n < 10 ? "0" : "") + n; };
+    if (d) return d + "d " + h + "h " + two(m) + "m";
+    if (h) return h + "h " + two(m) + "m " + two(sec) + "s";
+    if (m) return m + "m " + two(sec) + "s";
+    return sec + "s";
+  }
+
+  // Running durations and "… ago" keep ticking without asking the server.
+  function tick() {
+    var now = Date.now();
+    document.querySelectorAll(".duration[data-start]").forEach(function (el) {
+      el.textContent = durationText(now - new Date(el.dataset.start));
+    });
+    document.querySelectorAll(".ago[data-since]").forEach(function (el) {
+      el.textContent = durationText(now - new Date(el.dataset.since)) + " ago";
     });
   }
 
   // <button data-copy="text"> or data-copy-target="#id" copies to the clipboard.
-  function copyButtons(root) {
-    root.querySelectorAll("[data-copy], [data-copy-target]").forEach(function (button) {
+  function copyButtons(scope) {
+    scope.querySelectorAll("[data-copy], [data-copy-target]").forEach(function (button) {
       if (button.dataset.copyBound) return;
       button.dataset.copyBound = "1";
       button.addEventListener("click", function () {
@@ -35,7 +70,66 @@
     });
   }
 
-  function enhance(root) { localTimes(root); copyButtons(root); }
+  // The left pane folds into a "Menu" button on narrow screens.
+  function navToggle() {
+    var sidebar = document.getElementById("sidebar");
+    var button = sidebar && sidebar.querySelector(".nav-toggle");
+    if (!button) return;
+    sidebar.classList.add("collapsible");
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      var open = sidebar.classList.toggle("open");
+      button.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
+  // A link or button with data-dialog="id" opens that <dialog> instead of
+  // going to its (no-JavaScript) confirmation page; [data-close] closes it.
+  document.addEventListener("click", function (event) {
+    var opener = event.target.closest("[data-dialog]");
+    if (opener) {
+      var dialog = document.getElementById(opener.dataset.dialog);
+      if (dialog && dialog.showModal && !opener.disabled) {
+        event.preventDefault();
+        dialog.showModal();
+        var cancel = dialog.querySelector("[data-close]");
+        if (cancel) cancel.focus();
+      }
+      return;
+    }
+    var closer = event.target.closest("dialog [data-close]");
+    if (closer) closer.closest("dialog").close();
+  });
+
+  // Filter forms with data-autosubmit apply a menu choice made with the
+  // mouse at once; keyboard users move through options freely and press Apply.
+  function autoSubmit(scope) {
+    scope.querySelectorAll("form[data-autosubmit] select").forEach(function (select) {
+      var byPointer = false;
+      select.addEventListener("pointerdown", function () { byPointer = true; });
+      select.addEventListener("keydown", function () { byPointer = false; });
+      select.addEventListener("change", function () { if (byPointer) select.form.requestSubmit(); });
+    });
+  }
+
+  // Fetch an HTML fragment of our own; a login page instead means the
+  // session ended.
+  function fetchHtml(url) {
+    return fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } }).then(function (response) {
+      if (!response.ok) throw new Error("the server answered " + response.status);
+      if (response.redirected && /\/login\//.test(response.url)) throw new Error("signed out: reload the page to sign in again");
+      return response.text();
+    });
+  }
+
+  function enhance(scope) { localTimes(scope); copyButtons(scope); }
+  window.portal = { enhance: enhance, fetchHtml: fetchHtml, durationText: durationText };
   window.portalEnhance = enhance;
-  document.addEventListener("DOMContentLoaded", function () { enhance(document); });
+  document.addEventListener("DOMContentLoaded", function () {
+    enhance(document);
+    navToggle();
+    autoSubmit(document);
+    tick();
+    setInterval(tick, 1000);
+  });
 })();

@@ -1,0 +1,205 @@
+#!/usr/bin/env python
+"""The job list page with 100,000 jobs in the database.
+
+    .venv/bin/python bench/job_list.py [--jobs 100000] [--repeat 20] [--reuse] [--explain]
+
+Fills a scratch SQLite database of its own (var/bench/job_list/, never the
+portal's or the tests') with jobs across 200 users, 4 virtual clusters and
+every state, then renders list pages through Django's test client, the
+whole request included (middleware, session, template): the first page,
+a filtered page, a deep page, a search, a sort on another column and the
+rows fragment the page polls. Prints p50/p95/max per page and the SQL they
+ran, then `job_list_p95_ms_ratio=<worst p95 / 200 ms target>` (lower is
+better; at most 1.0 meets the target). `--reuse` keeps an existing database
+of the same size instead of filling it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import secrets
+import shutil
+import sqlite3
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var" / "bench" / "job_list"
+TARGET_MS = 200.0
+WORDS = ["resnet", "bert", "gpt", "yolo", "unet", "vit", "lstm", "mnist", "cifar", "imagenet", "sweep", "eval"]
+VCS = {"default": 0.0, "vision": 30.0, "nlp": 30.0, "research": 10.0}
+# (state, share of jobs): most jobs of a busy cluster have ended.
+STATES = [("SUCCEEDED", 0.62), ("FAILED", 0.14), ("STOPPED", 0.1), ("RUNNING", 0.06), ("WAITING", 0.07), ("STOPPING", 0.01)]
+
+
+def configure() -> None:
+    sys.path.insert(0, str(ROOT))
+    (VAR / "staticfiles").mkdir(parents=True, exist_ok=True)  # whitenoise warns when it is missing
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "PORTAL_SECRET_KEY": secrets.token_urlsafe(40),
+        "PORTAL_VAR_DIR": str(VAR),
+        "DATABASE_URL": f"sqlite:///{VAR / 'portal.sqlite3'}",
+        "PORTAL_ALLOWED_HOSTS": "testserver",
+        "PORTAL_LOG_LEVEL": "WARNING",
+        "PAI_INSTANCE": "bench-job-list",
+    })
+    import django
+
+    django.setup()
+
+
+def fill(count: int) -> None:
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from jobs.models import ExitType, Job, User, VirtualCluster
+
+    call_command("migrate", verbosity=0)
+    call_command("ensure_defaults", verbosity=0)
+    for name, capacity in VCS.items():
+        VirtualCluster.objects.update_or_create(name=name, defaults={"capacity": capacity, "open_to_all": True})
+    User.objects.bulk_create([User(username=f"user{i:03d}", password="!") for i in range(200)]
+                             + [User(username="boss", password="!", is_staff=True, is_superuser=True)])
+    users = list(User.objects.filter(username__startswith="user").values_list("pk", flat=True))
+    vcs = list(VirtualCluster.objects.values_list("pk", flat=True))
+    rng = random.Random(7)
+    now = timezone.now()
+    states, weights = zip(*STATES)
+    config = {"jobName": "x", "image": "busybox", "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1,
+              "memoryMB": 256, "gpuNumber": 1, "command": "python train.py"}]}
+    batch: list[Job] = []
+    for i in range(count):
+        # A few heavy users own most jobs, as on real clusters.
+        owner = users[min(int(rng.paretovariate(1.2)) - 1, len(users) - 1)] if rng.random() < 0.5 else rng.choice(users)
+        state = rng.choices(states, weights)[0]
+        submitted = now - timedelta(seconds=(count - i) * 300 + rng.randint(0, 299))
+        started = submitted + timedelta(seconds=rng.randint(1, 600)) if state != "WAITING" else None
+        finished = started + timedelta(seconds=rng.randint(10, 86400)) if state in ("SUCCEEDED", "FAILED", "STOPPED") else None
+        tasks = rng.choice([1, 1, 1, 2, 4, 8])
+        batch.append(Job(
+            owner_id=owner, name=f"{rng.choice(WORDS)}_{i}", virtual_cluster_id=rng.choice(vcs), state=state,
+            config_raw="{}", config=config, submitted_at=submitted, started_at=started, finished_at=finished,
+            attempt_number=rng.choice([1, 1, 1, 1, 2, 3]), total_tasks=tasks, total_gpus=tasks * rng.choice([0, 1, 2, 4]),
+            total_roles=1, exit_type=ExitType.SUCCEEDED if state == "SUCCEEDED" else "",
+        ))
+        if len(batch) == 5000:
+            with transaction.atomic():
+                Job.objects.bulk_create(batch)
+            batch.clear()
+    with transaction.atomic():
+        Job.objects.bulk_create(batch)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def scenarios() -> list[tuple[str, str, str]]:
+    """(what, who, URL); `heavy` is the user with the most jobs."""
+    return [
+        ("first page, all users (admin)", "boss", "/?user=all"),
+        ("first page, own jobs (heavy user)", "heavy", "/"),
+        ("status + virtual cluster filter (admin)", "boss", "/?user=all&status=SUCCEEDED&vc=vision"),
+        ("active jobs, all users (admin)", "boss", "/?user=all&status=active"),
+        ("deep page 1999 of 2000 (admin)", "boss", "/?user=all&page=1999"),
+        ("deep page, own jobs, last page (heavy)", "heavy", "/?page=LAST"),
+        ("search 'bert_12' (admin)", "boss", "/?user=all&q=bert_12"),
+        ("search, own jobs (heavy user)", "heavy", "/?q=resnet"),
+        ("sort by name, page 100 (admin)", "boss", "/?user=all&sort=name&page=100"),
+        ("sort by GPUs, filtered (admin)", "boss", "/?user=all&sort=-gpus&status=FAILED"),
+        ("sort by duration, own jobs (heavy user)", "heavy", "/?sort=-duration"),
+        ("sort by duration, all users (admin)", "boss", "/?user=all&sort=-duration&page=3"),
+        ("live rows fragment, first page (heavy)", "heavy", "/jobs/rows/"),
+    ]
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
+
+
+def measure(repeat: int, explain: bool) -> float:
+    from django.db import connection
+    from django.db.models import Count
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext, override_settings
+
+    from jobs.models import Job, User
+
+    heavy_row = Job.objects.values("owner").annotate(n=Count("id")).order_by("-n").first()
+    heavy = User.objects.get(pk=heavy_row["owner"])
+    clients = {}
+    for key, user in (("boss", User.objects.get(username="boss")), ("heavy", heavy)):
+        clients[key] = Client()
+        clients[key].force_login(user)
+    print(f"jobs: {Job.objects.count():,}; heaviest user {heavy.username} owns {heavy_row['n']:,}")
+    print(f"{'page':44} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'queries':>8} {'rows':>5}")
+    worst = 0.0
+    static = {"staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    with override_settings(STORAGES={"default": {"BACKEND": "django.core.files.storage.FileSystemStorage"}, **static}):
+        for what, who, url in scenarios():
+            if "LAST" in url:
+                url = url.replace("LAST", str(-(-heavy_row["n"] // 50)))
+            client = clients[who]
+            for _ in range(2):  # warm the page cache and the connection
+                client.get(url)
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                response = client.get(url)
+                times.append((time.perf_counter() - start) * 1000)
+                assert response.status_code == 200, (url, response.status_code)
+            with CaptureQueriesContext(connection) as queries:
+                response = client.get(url)
+            rows = response.content.decode().count("data-job-id=")
+            p95 = percentile(times, 95)
+            worst = max(worst, p95)
+            print(f"{what:44} {statistics.median(times):8.1f} {p95:8.1f} {max(times):8.1f} {len(queries):8d} {rows:5d}")
+            if explain:
+                for query in queries.captured_queries:
+                    if "jobs_job" in query["sql"] and "LIMIT" in query["sql"]:
+                        with connection.cursor() as cursor:
+                            cursor.execute("EXPLAIN QUERY PLAN " + query["sql"])
+                            print("    ", query["sql"][:160], "\n      ->", [r[-1] for r in cursor.fetchall()])
+    return worst
+
+
+def _stored_jobs(database: Path) -> int:
+    if not database.exists():
+        return -1
+    try:
+        with sqlite3.connect(database) as db:
+            return db.execute("SELECT COUNT(*) FROM jobs_job").fetchone()[0]
+    except sqlite3.Error:
+        return -1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--reuse", action="store_true", help="keep a database already filled with --jobs jobs")
+    parser.add_argument("--explain", action="store_true", help="print SQLite's plan for each list query")
+    args = parser.parse_args()
+
+    reuse = args.reuse and _stored_jobs(VAR / "portal.sqlite3") == args.jobs
+    if not reuse:
+        shutil.rmtree(VAR, ignore_errors=True)
+    configure()
+    if not reuse:
+        database = VAR / "portal.sqlite3"
+        started = time.perf_counter()
+        fill(args.jobs)
+        print(f"filled {args.jobs:,} jobs in {time.perf_counter() - started:.1f} s ({database})")
+    worst = measure(args.repeat, args.explain)
+    print(f"target: p95 <= {TARGET_MS:.0f} ms for every page above; worst p95 {worst:.1f} ms")
+    print(f"job_list_p95_ms_ratio={worst / TARGET_MS:.3f}")
+
+
+if __name__ == "__main__":
+    main()

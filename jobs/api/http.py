@@ -1,0 +1,206 @@
+"""The plumbing every API view shares: one view per resource that dispatches
+on the HTTP method, checks access, answers CORS, reads JSON bodies and query
+parameters, and turns every failure into OpenPAI-style JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.csrf import csrf_exempt
+
+from jobs.api.auth import Access, authenticate
+from jobs.api.errors import ApiError, error_response, invalid
+from jobs.spec import SpecError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[..., HttpResponse]
+ALLOWED_REQUEST_HEADERS = "Authorization, Content-Type, X-CSRFToken"
+EXPOSED_HEADERS = "Location, Link, X-Total-Count, Retry-After"
+
+
+def handler(access: Access) -> Callable[[Handler], Handler]:
+    """Mark a function as the handler of one method, with the access it needs."""
+
+    def mark(function: Handler) -> Handler:
+        function.api_access = access  # type: ignore[attr-defined]
+        return function
+
+    return mark
+
+
+def resource(**handlers: Handler) -> Callable[..., HttpResponse]:
+    """A Django view for one API path: `resource(GET=show, DELETE=remove)`."""
+    methods = dict(handlers)
+    if "GET" in methods:
+        methods.setdefault("HEAD", methods["GET"])
+    allow = ", ".join(sorted({*methods, "OPTIONS"}))
+
+    @login_not_required  # the API authenticates on its own (jobs/api/auth.py)
+    @csrf_exempt  # ... and checks CSRF itself when the session is used
+    def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        if request.method == "OPTIONS":
+            response = _preflight(request, allow)
+        else:
+            response = _dispatch(request, methods.get(request.method or ""), allow, kwargs)
+        _cors(request, response)
+        return response
+
+    view.api_methods = methods  # type: ignore[attr-defined]
+    return view
+
+
+def _dispatch(request: HttpRequest, function: Handler | None, allow: str, kwargs: dict[str, Any]) -> HttpResponse:
+    try:
+        if function is None:
+            raise ApiError("MethodNotAllowedError", f"{request.method} is not supported here; use {allow}.",
+                           headers={"Allow": allow})
+        authenticate(request, function.api_access)  # type: ignore[attr-defined]
+        return function(request, **kwargs)
+    except ApiError as exc:
+        return exc.response()
+    except SpecError as exc:
+        return error_response("InvalidParametersError", str(exc), extra={"problems": [p.as_dict() for p in exc.problems]})
+    except RequestDataTooBig:
+        return error_response("RequestTooLargeError",
+                              f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 1024} KB.")
+    except Http404:
+        return error_response("NoApiError", "Not found.")
+    except Exception:
+        log.exception("API %s %s failed", request.method, request.path)
+        return error_response("UnknownError", "The server failed to handle this request; the error is in the portal's log.")
+
+
+def _origin_allowed(origin: str) -> bool:
+    allowed = settings.CORS_ALLOWED_ORIGINS
+    return bool(origin) and ("*" in allowed or origin in allowed)
+
+
+def _cors(request: HttpRequest, response: HttpResponse) -> None:
+    """Cross-origin callers see responses only from CORS_ALLOWED_ORIGINS (none
+    by default). Cookies are never allowed cross-origin: tokens only."""
+    origin = request.headers.get("Origin", "")
+    if not _origin_allowed(origin):
+        return
+    response["Access-Control-Allow-Origin"] = "*" if "*" in settings.CORS_ALLOWED_ORIGINS else origin
+    response["Access-Control-Expose-Headers"] = EXPOSED_HEADERS
+    patch_vary_headers(response, ["Origin"])
+
+
+def _preflight(request: HttpRequest, allow: str) -> HttpResponse:
+    response = HttpResponse(status=204)
+    response["Allow"] = allow
+    if _origin_allowed(request.headers.get("Origin", "")):
+        response["Access-Control-Allow-Methods"] = allow
+        response["Access-Control-Allow-Headers"] = ALLOWED_REQUEST_HEADERS
+        response["Access-Control-Max-Age"] = "600"
+    return response
+
+
+# ------------------------------------------------------------------ requests
+
+
+def json_body(request: HttpRequest) -> dict[str, Any]:
+    """The request's parameters as a dict: a JSON object, or a form (OpenPAI's
+    own docs get a token with `curl -d username=... -d password=...`)."""
+    raw = request.body
+    content_type = request.content_type or ""
+    stripped = raw.lstrip()
+    if content_type in ("application/x-www-form-urlencoded", "multipart/form-data") and not stripped.startswith(b"{"):
+        return {key: request.POST.get(key) for key in request.POST}
+    if not stripped:
+        return {}
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise invalid("The request body is not UTF-8 text.") from None
+    except ValueError as exc:
+        raise invalid(f"The request body is not valid JSON: {exc}.") from None
+    if not isinstance(value, dict):
+        raise invalid(f"The request body must be a JSON object, got {type(value).__name__}.")
+    return value
+
+
+def string_param(params: dict[str, Any], name: str, *, required: bool = True, max_length: int = 256) -> str | None:
+    """A string parameter; an explicit null is a wrong type, not an absence."""
+    if name not in params:
+        if required:
+            raise invalid(f"{name} is required.")
+        return None
+    value = params[name]
+    if not isinstance(value, str):
+        raise invalid(f"{name} must be a string, got {type(value).__name__}.")
+    if len(value) > max_length:
+        raise invalid(f"{name} must be at most {max_length} characters.")
+    return value
+
+
+def optional_int_param(params: Any, name: str, *, minimum: int, maximum: int) -> int | None:
+    """An integer from a query string or JSON body, or None if absent
+    (numeric strings are accepted: OpenPAI clients send `"expiration": "3600"`)."""
+    if name not in params:
+        return None
+    value = params[name]
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise invalid(f"{name} must be a whole number between {minimum} and {maximum}.")
+    try:
+        number = int(value)
+    except ValueError:
+        raise invalid(f"{name} must be a whole number between {minimum} and {maximum}, got {value!r}.") from None
+    if not minimum <= number <= maximum:
+        raise invalid(f"{name} must be between {minimum} and {maximum}, got {number}.")
+    return number
+
+
+def int_param(params: Any, name: str, *, default: int, minimum: int, maximum: int) -> int:
+    value = optional_int_param(params, name, minimum=minimum, maximum=maximum)
+    return default if value is None else value
+
+
+def bool_param(params: dict[str, Any], name: str) -> bool | None:
+    if name not in params:
+        return None
+    value = params[name]
+    if isinstance(value, bool):
+        return value
+    raise invalid(f"{name} must be true or false.")
+
+
+# ----------------------------------------------------------------- responses
+
+
+def ok(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JsonResponse:
+    response = JsonResponse(body, status=status, safe=False, json_dumps_params={"ensure_ascii": False})
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def api_url(request: HttpRequest, route: str, **kwargs: Any) -> str:
+    """An absolute URL of an API route under the prefix this request used."""
+    namespace = request.resolver_match.namespace if request.resolver_match else "api"
+    return request.build_absolute_uri(reverse(f"{namespace or 'api'}:{route}", kwargs=kwargs))
+
+
+def no_api(request: HttpRequest, path: str = "") -> HttpResponse:
+    response = error_response("NoApiError", f"There is no API at {request.path}; see {_docs_hint(request)}.")
+    _cors(request, response)
+    return response
+
+
+def _docs_hint(request: HttpRequest) -> str:
+    return request.build_absolute_uri(reverse("api:openapi"))
+
+
+# A catch-all under both prefixes: unknown paths get JSON, not an HTML page.
+no_api_view = login_not_required(csrf_exempt(no_api))

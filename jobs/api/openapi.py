@@ -1,0 +1,351 @@
+"""The API's OpenAPI 3.0 description, served at /api/v1/openapi.json.
+
+It is written by hand next to the views it describes and checked against
+them: tests/test_api_fuzz.py runs schemathesis over it against a live portal
+(every documented status and shape, no 500s), and tests/test_api.py checks
+that every route is described.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs import spec
+from jobs.services import tokens
+
+Schema = dict[str, Any]
+
+JOB_STATES = ["WAITING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"]
+TASK_STATES = ["WAITING", "ASSIGNED", "LAUNCHING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def obj(properties: dict[str, Schema], required: list[str] | None = None, **extra: Any) -> Schema:
+    schema: Schema = {"type": "object", "properties": properties, **extra}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def nullable(schema: Schema) -> Schema:
+    return {**schema, "nullable": True}
+
+
+STRING: Schema = {"type": "string"}
+INTEGER: Schema = {"type": "integer"}
+BOOLEAN: Schema = {"type": "boolean"}
+NUMBER: Schema = {"type": "number"}
+MILLIS: Schema = {"type": "integer", "description": "milliseconds since the epoch"}
+
+ERROR_TEXT = {
+    400: "Invalid parameters (InvalidParametersError, with every problem in the message), or a bad login.",
+    401: "No credentials, or a token that is unknown, expired or revoked (UnauthorizedUserError).",
+    403: "Not allowed (ForbiddenUserError, NoEnoughQuotaError, RemoveAdminError).",
+    404: "Not found, or not yours: NoJobError, NoJobConfigError, NoJobSshInfoError, NoTaskError, "
+         "NoVirtualClusterError, NoUserError.",
+    409: "Conflict: ConflictJobError (a job of that name exists, or it is not in a state for this), "
+         "ConflictUserError.",
+    413: "The request body is over the portal's size limit (RequestTooLargeError).",
+    429: "Too many failed logins (TooManyRequestsError); see Retry-After.",
+}
+
+
+def errors(*statuses: int) -> dict[str, Any]:
+    return {str(status): {"description": ERROR_TEXT[status], "content": {"application/json": {"schema": ref("Error")}}}
+            for status in statuses}
+
+
+def body(schema: Schema, *, required: bool = True, form: bool = False) -> Schema:
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
+    if form:
+        content["application/x-www-form-urlencoded"] = {"schema": schema}
+    return {"required": required, "content": content}
+
+
+def answer(status: int, description: str, schema: Schema, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        result["headers"] = headers
+    return {str(status): result}
+
+
+def operation(summary: str, responses: dict[str, Any], *, public: bool = False, parameters: list[Schema] | None = None,
+              request_body: Schema | None = None, description: str = "", tag: str = "") -> Schema:
+    op: Schema = {"summary": summary, "responses": responses, "operationId": _operation_id(summary)}
+    if description:
+        op["description"] = description
+    if tag:
+        op["tags"] = [tag]
+    if public:
+        op["security"] = []
+    if parameters:
+        op["parameters"] = parameters
+    if request_body:
+        op["requestBody"] = request_body
+    return op
+
+
+def _operation_id(summary: str) -> str:
+    words = [w for w in "".join(c if c.isalnum() else " " for c in summary).split() if w]
+    return words[0].lower() + "".join(w.capitalize() for w in words[1:])
+
+
+def path_param(name: str, description: str, schema: Schema | None = None) -> Schema:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": schema or STRING}
+
+
+def query_param(name: str, description: str, schema: Schema) -> Schema:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+USERNAME = path_param("username", "the job owner's username")
+JOB_NAME = path_param("name", "the job's name")
+JOB_PARAMS = [USERNAME, JOB_NAME]
+PAGING = [
+    query_param("limit", "page size; without it (and without offset) the whole list comes back",
+                {"type": "integer", "minimum": 1, "maximum": 1000}),
+    query_param("offset", "jobs to skip (with limit)", {"type": "integer", "minimum": 0}),
+]
+PAGE_HEADERS = {
+    "X-Total-Count": {"description": "all matching jobs (sent with limit or offset)", "schema": STRING},
+    "Link": {"description": 'the next page, rel="next"', "schema": STRING},
+}
+
+
+def _schemas() -> dict[str, Schema]:
+    port = obj({"label": {"type": "string", "pattern": spec.LABEL_RE.pattern, "maxLength": 64},
+                "beginAt": {"type": "integer", "minimum": 0, "maximum": 65535},
+                "portNumber": {"type": "integer", "minimum": 1, "maximum": spec.MAX_PORT_NUMBER}},
+               ["label", "beginAt", "portNumber"])
+    task_role = obj({
+        "name": {"type": "string", "pattern": spec.ROLE_NAME_RE.pattern, "maxLength": 64},
+        "taskNumber": {"type": "integer", "minimum": 1, "maximum": spec.MAX_TASK_NUMBER},
+        "cpuNumber": {"type": "integer", "minimum": 1, "maximum": spec.MAX_CPU_NUMBER},
+        "memoryMB": {"type": "integer", "minimum": 100, "maximum": spec.MAX_MEMORY_MB},
+        "shmMB": {"type": "integer", "minimum": 0, "maximum": spec.MAX_MEMORY_MB},
+        "gpuNumber": {"type": "integer", "minimum": 0, "maximum": spec.MAX_GPU_NUMBER},
+        "portList": {"type": "array", "items": port},
+        "command": {"type": "string", "minLength": 1},
+        "minFailedTaskCount": nullable({"type": "integer", "minimum": 1}),
+        "minSucceededTaskCount": nullable({"type": "integer", "minimum": 1}),
+    }, ["name", "taskNumber", "cpuNumber", "memoryMB", "gpuNumber", "command"])
+    job_config = obj({
+        "jobName": {"type": "string", "pattern": spec.JOB_NAME_RE.pattern, "maxLength": spec.MAX_NAME_LENGTH},
+        "image": {"type": "string", "pattern": r"^\S+$", "maxLength": 512},
+        "authFile": STRING, "dataDir": STRING, "outputDir": STRING, "codeDir": STRING,
+        "virtualCluster": {"type": "string", "pattern": spec.VC_NAME_RE.pattern, "maxLength": 64},
+        "gpuType": STRING,
+        "retryCount": {"type": "integer", "minimum": 0, "maximum": spec.MAX_RETRY_COUNT},
+        "killAllOnCompletedTaskNumber": nullable({"type": "integer", "minimum": 0}),
+        "jobEnvs": {"type": "object", "additionalProperties": True},
+        "extras": {"type": "object", "additionalProperties": True},
+        "taskRoles": {"type": "array", "minItems": 1, "items": task_role},
+    }, ["jobName", "image", "taskRoles"], description="An OpenPAI v1 job config (see the reference documents). "
+       "JSON with // and /* */ comments is accepted too.")
+    task_status = obj({
+        "taskIndex": INTEGER, "taskState": {"type": "string", "enum": TASK_STATES},
+        "containerId": nullable(STRING), "containerIp": nullable(STRING),
+        "containerPorts": {"type": "object", "additionalProperties": STRING,
+                           "description": 'label: "port,port"'},
+        "containerGpus": {"type": "integer", "description": "bit i set for GPU i"},
+        "containerLog": {"type": "string", "description": "URL of this task's log (GET, authenticated)"},
+        "containerExitCode": nullable(INTEGER),
+        "attempt": nullable(INTEGER),
+    }, ["taskIndex", "taskState", "containerId", "containerIp", "containerPorts", "containerGpus", "containerLog",
+        "containerExitCode"])
+    amounts = obj({"memory": NUMBER, "vCores": NUMBER, "GPUs": NUMBER}, ["memory", "vCores", "GPUs"])
+    virtual_cluster = obj({
+        "name": STRING, "description": STRING, "status": STRING,
+        "capacity": NUMBER, "maxCapacity": NUMBER, "usedCapacity": NUMBER,
+        "numActiveJobs": INTEGER, "numPendingJobs": INTEGER, "numJobs": INTEGER,
+        "resourcesUsed": amounts, "resourcesTotal": amounts,
+        "gpuTypes": {"type": "object", "additionalProperties": obj({"used": NUMBER, "total": NUMBER})},
+        "allowed": {"type": "boolean", "description": "whether you may submit jobs here"},
+    }, ["name", "capacity", "usedCapacity", "numActiveJobs", "numPendingJobs", "numJobs", "resourcesUsed",
+        "resourcesTotal", "gpuTypes"])
+    return {
+        "Error": obj({"code": STRING, "message": STRING}, ["code", "message"]),
+        "Message": obj({"message": STRING}, ["message"]),
+        "Info": obj({"name": STRING, "version": STRING, "launcherType": STRING, "authnMethod": STRING},
+                    ["name", "version", "launcherType", "authnMethod"]),
+        "TokenRequest": obj({
+            "username": {"type": "string", "maxLength": 150},
+            "password": {"type": "string", "maxLength": 4096},
+            "expiration": {"oneOf": [
+                {"type": "integer", "minimum": tokens.API_MIN_SECONDS, "maximum": tokens.API_MAX_SECONDS},
+                {"type": "string", "pattern": "^[0-9]{1,9}$"},
+            ], "description": f"seconds, {tokens.API_MIN_SECONDS} to {tokens.API_MAX_SECONDS} (default "
+                              f"{tokens.API_DEFAULT_SECONDS}); a numeric string is accepted too"},
+            "label": {"type": "string", "maxLength": 100},
+        }, ["username", "password"]),
+        "Token": obj({"token": STRING, "user": STRING, "admin": BOOLEAN, "expiresAt": STRING},
+                     ["token", "user", "admin"]),
+        "JobConfig": job_config,
+        "JobSummary": obj({
+            "name": STRING, "username": STRING, "state": {"type": "string", "enum": JOB_STATES},
+            "subState": STRING, "executionType": {"type": "string", "enum": ["START", "STOP"]},
+            "retries": INTEGER, "createdTime": MILLIS, "completedTime": nullable(MILLIS),
+            "appExitCode": nullable(INTEGER), "virtualCluster": STRING, "totalGpuNumber": INTEGER,
+            "totalTaskNumber": INTEGER, "totalTaskRoleNumber": INTEGER,
+        }, ["name", "username", "state", "subState", "executionType", "retries", "createdTime", "completedTime",
+            "appExitCode", "virtualCluster", "totalGpuNumber", "totalTaskNumber", "totalTaskRoleNumber"]),
+        "JobStatus": obj({
+            "name": STRING,
+            "jobStatus": obj({
+                "username": STRING, "state": {"type": "string", "enum": JOB_STATES}, "subState": STRING,
+                "executionType": {"type": "string", "enum": ["START", "STOP"]}, "retries": INTEGER,
+                "createdTime": MILLIS, "completedTime": nullable(MILLIS), "appLaunchedTime": nullable(MILLIS),
+                "appCompletedTime": nullable(MILLIS), "appExitCode": nullable(INTEGER),
+                "appExitDiagnostics": STRING, "appExitType": nullable(STRING), "virtualCluster": STRING,
+            }, ["username", "state", "subState", "executionType", "retries", "createdTime", "virtualCluster"]),
+            "taskRoles": {"type": "object", "additionalProperties": obj({
+                "taskRoleStatus": obj({"name": STRING}, ["name"]),
+                "taskStatuses": {"type": "array", "items": task_status},
+            }, ["taskRoleStatus", "taskStatuses"])},
+        }, ["name", "jobStatus", "taskRoles"]),
+        "ExecutionType": obj({"value": {"type": "string", "enum": ["STOP", "START"]}}, ["value"]),
+        "SshInfo": obj({
+            "containers": {"type": "array", "items": obj({
+                "id": nullable(STRING), "sshIp": STRING, "sshPort": STRING, "taskRole": STRING, "taskIndex": INTEGER,
+            }, ["id", "sshIp", "sshPort"])},
+            "keyPair": obj({
+                "folderPath": STRING, "publicKeyFileName": STRING, "privateKeyFileName": STRING,
+                "privateKeyDirectDownloadLink": nullable({"type": "string", "description": "for the job's owner only"}),
+                "publicKey": STRING,
+            }, ["privateKeyDirectDownloadLink"]),
+        }, ["containers", "keyPair"]),
+        "LogPage": obj({
+            "attempt": nullable(INTEGER), "taskState": STRING, "stream": STRING,
+            "lines": {"type": "array", "items": STRING},
+            "next": {"type": "integer", "description": "pass back as `after` for the lines that follow"},
+            "more": {"type": "boolean", "description": "more lines are stored after this page"},
+            "truncated": {"type": "boolean", "description": "the stream passed the per-task size limit"},
+        }, ["lines", "next", "more"]),
+        "VirtualCluster": virtual_cluster,
+        "UserChange": obj({
+            "username": {"type": "string", "maxLength": 64}, "password": {"type": "string", "maxLength": 4096},
+            "admin": BOOLEAN, "modify": {"type": "boolean", "description": "false: create; true: change"},
+        }, ["username"]),
+        "UserName": obj({"username": {"type": "string", "maxLength": 64}}, ["username"]),
+        "UserVirtualClusters": obj({"virtualClusters": {
+            "oneOf": [{"type": "string", "description": "names separated by commas"},
+                      {"type": "array", "items": STRING}]}}, ["virtualClusters"]),
+        "User": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN, "virtualCluster": STRING},
+                    ["username", "admin", "virtualCluster"]),
+    }
+
+
+def _paths() -> dict[str, Schema]:
+    message = ref("Message")
+    accepted = answer(202, "Accepted: the job waits for the scheduler.", message,
+                      {"Location": {"description": "the job's status URL", "schema": STRING}})
+    submit_errors = errors(400, 401, 403, 404, 409, 413)
+    return {
+        "/": {"get": operation("Get API info", answer(200, "What this server is.", ref("Info")), public=True,
+                               tag="api")},
+        "/openapi.json": {"get": operation("Get this description", answer(
+            200, "The OpenAPI 3 description of this API.", {"type": "object", "additionalProperties": True}),
+            public=True, tag="api")},
+        "/token": {"post": operation(
+            "Get a token", {**answer(200, "A bearer token.", ref("Token")), **errors(400, 413, 429)}, public=True,
+            request_body=body(ref("TokenRequest"), form=True), tag="auth",
+            description="Send it as `Authorization: Bearer <token>`. A wrong password and an unknown user get the "
+                        "same IncorrectPasswordError. Repeated failures are refused for a while (429).")},
+        "/jobs": {"get": operation(
+            "List jobs", {**answer(200, "Your jobs (an admin: everyone's), newest first.",
+                                   {"type": "array", "items": ref("JobSummary")}, PAGE_HEADERS), **errors(400, 401)},
+            parameters=[query_param("username", "only this user's jobs", STRING), *PAGING], tag="jobs")},
+        "/user/{username}/jobs": {
+            "parameters": [USERNAME],
+            "get": operation("List a user's jobs", {
+                **answer(200, "The user's jobs, newest first.", {"type": "array", "items": ref("JobSummary")},
+                         PAGE_HEADERS), **errors(400, 401, 403)}, parameters=PAGING, tag="jobs"),
+            "post": operation("Submit a job", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
+                              tag="jobs", description="The job is named by jobName in the config. Every problem "
+                              "with the config is listed in the message (and in `problems`)."),
+        },
+        "/user/{username}/jobs/{name}": {
+            "parameters": JOB_PARAMS,
+            "get": operation("Get a job's status", {**answer(200, "The job and its tasks.", ref("JobStatus")),
+                                                     **errors(401, 404)}, tag="jobs"),
+            "put": operation("Submit a job by name", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
+                             tag="jobs", description="jobName may be left out of the config; if given it must "
+                             "match the path."),
+            "delete": operation("Delete a finished job", {**answer(200, "Deleted, with its tasks and logs.", message),
+                                                           **errors(401, 404, 409)}, tag="jobs"),
+        },
+        "/user/{username}/jobs/{name}/config": {"parameters": JOB_PARAMS, "get": operation(
+            "Get a job's config", {**answer(200, "The config as submitted (comments left out).",
+                                            {"type": "object", "additionalProperties": True}),
+                                   **errors(401, 404)}, tag="jobs")},
+        "/user/{username}/jobs/{name}/executionType": {"parameters": JOB_PARAMS, "put": operation(
+            "Stop a job", {**answer(202, "Stopping (or already ended).", message), **errors(400, 401, 404, 413)},
+            request_body=body(ref("ExecutionType")), tag="jobs")},
+        "/user/{username}/jobs/{name}/ssh": {"parameters": JOB_PARAMS, "get": operation(
+            "Get a job's SSH info", {**answer(200, "Where each running task's sshd listens, and the key.",
+                                              ref("SshInfo")), **errors(401, 404)}, tag="access")},
+        "/user/{username}/jobs/{name}/ssh/key": {"parameters": JOB_PARAMS, "get": operation(
+            "Download a job's private key", {
+                "200": {"description": "The OpenSSH private key (the job's owner only).",
+                        "content": {"application/x-pem-file": {"schema": STRING}}},
+                **errors(401, 404)}, tag="access")},
+        "/user/{username}/jobs/{name}/tasks/{role}/{index}/log": {
+            "parameters": [*JOB_PARAMS, path_param("role", "the task role"),
+                           path_param("index", "the task's index", {"type": "integer", "minimum": 0})],
+            "get": operation("Read a task's log", {**answer(200, "Lines after the cursor.", ref("LogPage")),
+                                                   **errors(400, 401, 404)}, tag="access", parameters=[
+                query_param("stream", "which output", {"type": "string", "enum": ["stdout", "stderr", "platform"]}),
+                query_param("after", "cursor: `next` of the previous page (-1 or absent: from the start)",
+                            {"type": "integer", "minimum": -1}),
+                query_param("limit", "lines at most", {"type": "integer", "minimum": 1, "maximum": 5000}),
+                query_param("attempt", "the job attempt (default: the latest with a container)",
+                            {"type": "integer", "minimum": 1}),
+            ])},
+        "/virtual-clusters": {"get": operation(
+            "List virtual clusters", {**answer(200, "Every virtual cluster by name.",
+                                               {"type": "object", "additionalProperties": ref("VirtualCluster")}),
+                                      **errors(401)}, tag="cluster")},
+        "/virtual-clusters/{vc}": {"parameters": [path_param("vc", "the virtual cluster's name")], "get": operation(
+            "Get a virtual cluster", {**answer(200, "Its share, use and jobs.", ref("VirtualCluster")),
+                                      **errors(401, 404)}, tag="cluster")},
+        "/user": {
+            "get": operation("List users", {**answer(200, "Every user (admins only).",
+                                                     {"type": "array", "items": ref("User")}), **errors(401, 403)},
+                             tag="users"),
+            "put": operation("Create or change a user", {**answer(201, "Done.", message),
+                                                        **errors(400, 401, 403, 409, 413)},
+                             request_body=body(ref("UserChange")), tag="users",
+                             description="Admins create (modify: false) and change (modify: true) users; a user may "
+                                         "change their own password."),
+            "delete": operation("Remove a user", {**answer(200, "Removed, with their finished jobs.", message),
+                                                 **errors(400, 401, 403, 409, 413)},
+                                request_body=body(ref("UserName"), required=False), tag="users",
+                                parameters=[query_param("username", "instead of the body", STRING)]),
+        },
+        "/user/{username}/virtualClusters": {"parameters": [USERNAME], "put": operation(
+            "Set a user's virtual clusters", {**answer(201, "Done.", message), **errors(400, 401, 403, 404, 413)},
+            request_body=body(ref("UserVirtualClusters")), tag="users")},
+    }
+
+
+def description(*, server_url: str = "/api/v1") -> Schema:
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "GPU Job Portal REST API",
+            "version": "1.0.0",
+            "description": "OpenPAI's v1 REST API. Served under /api/v1 and /rest-server/api/v1. Get a token with "
+                           "POST /token and send it as `Authorization: Bearer <token>`. Errors are "
+                           '`{"code": ..., "message": ...}` with OpenPAI\'s code names.',
+        },
+        "servers": [{"url": server_url}],
+        "security": [{"bearerAuth": []}],
+        "paths": _paths(),
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,163 @@
+"""Our models in OpenPAI's v1 shapes.
+
+Times are milliseconds since the epoch, as OpenPAI sent them. `subState`
+says more than `state`: QUEUED or RETRY_WAITING while waiting, LAUNCHING or
+RUNNING while running, STOPPING, and for a finished job how it ended
+(SUCCEEDED, USER_EXIT, OOM, IMAGE_PULL, NODE_LOST, USER_STOP, PLATFORM).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from jobs.models import ExitType, Job, State, Task, TaskAttempt, User
+from jobs.services.cluster import Amount, VcUsage
+
+# The fields a job list needs; the heavy ones (config, keys) stay in the database.
+LIST_FIELDS = (
+    "id", "name", "state", "attempt_number", "submitted_at", "finished_at", "started_at", "exit_code", "exit_type",
+    "stop_requested_at", "total_gpus", "total_tasks", "total_roles", "owner__username", "virtual_cluster__name",
+)
+
+
+def millis(moment: datetime | None) -> int | None:
+    return int(moment.timestamp() * 1000) if moment else None
+
+
+def sub_state(job: Job, *, launching: bool = False) -> str:
+    if job.state == State.WAITING:
+        return "RETRY_WAITING" if job.attempt_number > 1 else "QUEUED"
+    if job.state == State.RUNNING:
+        return "LAUNCHING" if launching else "RUNNING"
+    if job.state == State.STOPPING:
+        return "STOPPING"
+    return job.exit_type or job.state
+
+
+def execution_type(job: Job) -> str:
+    stopped = job.stop_requested_at is not None or job.exit_type == ExitType.USER_STOP
+    return "STOP" if stopped else "START"
+
+
+def jobs_for_list(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    return jobs.select_related("owner", "virtual_cluster").only(*LIST_FIELDS)
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    return {
+        "name": job.name,
+        "username": job.owner.username,
+        "state": job.state,
+        "subState": sub_state(job),
+        "executionType": execution_type(job),
+        "retries": job.retries,
+        "createdTime": millis(job.submitted_at),
+        "completedTime": millis(job.finished_at),
+        "appExitCode": job.exit_code,
+        "virtualCluster": job.virtual_cluster.name,
+        "totalGpuNumber": job.total_gpus,
+        "totalTaskNumber": job.total_tasks,
+        "totalTaskRoleNumber": job.total_roles,
+    }
+
+
+def gpu_bitmap(indices: list[int]) -> int:
+    """OpenPAI's containerGpus: bit i set when GPU i is the task's."""
+    bitmap = 0
+    for index in indices:
+        bitmap |= 1 << int(index)
+    return bitmap
+
+
+def latest_attempts(job: Job) -> dict[tuple[str, int], TaskAttempt]:
+    """Each task's container in the job's current attempt (or, while a retry
+    waits to be placed, in the latest attempt that has one)."""
+    latest: dict[tuple[str, int], TaskAttempt] = {}
+    for attempt in TaskAttempt.objects.filter(job=job).select_related("task").order_by("number", "id"):
+        latest[(attempt.task.role, attempt.task.index)] = attempt
+    return latest
+
+
+def task_status(task: Task, attempt: TaskAttempt | None, log_url: str) -> dict[str, Any]:
+    if attempt is None:
+        return {
+            "taskIndex": task.index, "taskState": "WAITING", "containerId": None, "containerIp": None,
+            "containerPorts": {}, "containerGpus": 0, "containerLog": log_url, "containerExitCode": None,
+            "attempt": None,
+        }
+    return {
+        "taskIndex": task.index,
+        "taskState": attempt.state,
+        "containerId": attempt.container_id or None,
+        "containerIp": attempt.host_ip or None,
+        "containerPorts": {label: ",".join(str(p) for p in ports) for label, ports in sorted(attempt.ports.items())},
+        "containerGpus": gpu_bitmap(attempt.gpus),
+        "containerLog": log_url,
+        "containerExitCode": attempt.exit_code,
+        "attempt": attempt.number,
+    }
+
+
+def job_status(job: Job, task_roles: dict[str, Any]) -> dict[str, Any]:
+    launching = any(
+        status["taskState"] not in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
+        for role in task_roles.values() for status in role["taskStatuses"]
+    )
+    return {
+        "name": job.name,
+        "jobStatus": {
+            "username": job.owner.username,
+            "state": job.state,
+            "subState": sub_state(job, launching=launching),
+            "executionType": execution_type(job),
+            "retries": job.retries,
+            "createdTime": millis(job.submitted_at),
+            "completedTime": millis(job.finished_at),
+            "appLaunchedTime": millis(job.started_at),
+            "appCompletedTime": millis(job.finished_at),
+            "appExitCode": job.exit_code,
+            "appExitDiagnostics": job.exit_reason or job.waiting_reason or "",
+            "appExitType": job.exit_type or None,
+            "virtualCluster": job.virtual_cluster.name,
+        },
+        "taskRoles": task_roles,
+    }
+
+
+def _amount(amount: Amount) -> tuple[float, float]:
+    return round(amount.used, 3), round(amount.total, 3)
+
+
+def virtual_cluster(usage: VcUsage, *, allowed: bool) -> dict[str, Any]:
+    cpus_used, cpus_total = _amount(usage.cpus)
+    memory_used, memory_total = _amount(usage.memory_mb)
+    gpus = {kind: {"used": _amount(a)[0], "total": _amount(a)[1]} for kind, a in usage.gpus.items()}
+    shares = [a.used / a.total for a in (usage.cpus, usage.memory_mb, *usage.gpus.values()) if a.total > 0]
+    return {
+        "name": usage.name,
+        "description": usage.description,
+        "status": "RUNNING",
+        "capacity": round(usage.capacity, 3),
+        "maxCapacity": round(usage.capacity, 3),
+        # The share in use of the resource this virtual cluster uses most of.
+        "usedCapacity": round(100.0 * max(shares, default=0.0), 3),
+        "numActiveJobs": usage.running_jobs,
+        "numPendingJobs": usage.waiting_jobs,
+        "numJobs": usage.running_jobs + usage.waiting_jobs,
+        "resourcesUsed": {"memory": memory_used, "vCores": cpus_used, "GPUs": sum(g["used"] for g in gpus.values())},
+        "resourcesTotal": {"memory": memory_total, "vCores": cpus_total, "GPUs": sum(g["total"] for g in gpus.values())},
+        "gpuTypes": gpus,
+        "allowed": allowed,
+    }
+
+
+def user(user: User) -> dict[str, Any]:
+    return {
+        "username": user.username,
+        "admin": user.is_admin,
+        "active": user.is_active,
+        "virtualCluster": ",".join(vc.name for vc in user.virtual_clusters.all()),
+    }

@@ -1,0 +1,39 @@
+"""REST API routes; included twice by portal/urls.py (/api/v1/ and
+/rest-server/api/v1/), so reverse them through the request's namespace
+(jobs/api/http.py: api_url).
+
+Every route takes an optional trailing slash, as OpenPAI's server did, and
+anything else under the prefix is a JSON 404 NoApiError.
+"""
+
+from django.urls import re_path
+
+from jobs.api.http import no_api_view
+from jobs.api.views import clusters, jobs, root, tasks, tokens, users
+
+JOB = r"user/(?P<username>[^/]+)/jobs/(?P<name>[^/]+)"
+
+
+def route(pattern: str, view, name: str):
+    # The include's prefix ends in "/", so the root is the empty pattern.
+    return re_path(rf"^{pattern}/?$" if pattern else r"^$", view, name=name)
+
+
+urlpatterns = [
+    route("", root.info, "info"),
+    route(r"openapi\.json", root.description, "openapi"),
+    route("token", tokens.token, "token"),
+    route("jobs", jobs.jobs, "jobs"),
+    route(r"user/(?P<username>[^/]+)/jobs", jobs.user_jobs, "user_jobs"),
+    route(JOB, jobs.job, "job"),
+    route(JOB + "/config", jobs.config, "job_config"),
+    route(JOB + "/executionType", jobs.execution_type, "job_execution_type"),
+    route(JOB + "/ssh", tasks.ssh, "job_ssh"),
+    route(JOB + "/ssh/key", tasks.ssh_key, "ssh_key"),
+    route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/log", tasks.task_log, "task_log"),
+    route("virtual-clusters", clusters.virtual_clusters, "virtual_clusters"),
+    route(r"virtual-clusters/(?P<vc>[^/]+)", clusters.virtual_cluster, "virtual_cluster"),
+    route("user", users.user, "user"),
+    route(r"user/(?P<username>[^/]+)/virtualClusters", users.user_virtual_clusters, "user_virtual_clusters"),
+    re_path(r"^.*$", no_api_view, name="no_api"),
+]

@@ -1,0 +1,193 @@
+"""Jobs: list, submit, status, config, stop, delete.
+
+Users see and change only their own jobs, admins everyone's; anyone else's
+job is "not found", never "forbidden", so job names do not leak. With
+API_ANONYMOUS_READ on, the list and the status (nothing else) are open to
+anonymous callers, for old tools.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from jobs import jsonc, services
+from jobs.api import serializers
+from jobs.api.auth import Access
+from jobs.api.errors import ApiError, forbidden, invalid, no_job
+from jobs.api.http import api_url, handler, int_param, json_body, ok, optional_int_param, resource
+from jobs.models import Job, Task, User
+from jobs.spec import decode_text
+
+MAX_PAGE = 1000
+
+
+def visible_jobs(request: HttpRequest) -> QuerySet[Job]:
+    if request.user.is_authenticated:
+        return Job.objects.visible_to(request.user)
+    return Job.objects.all()  # anonymous read, allowed by authenticate()
+
+
+def find_job(request: HttpRequest, username: str, name: str) -> Job:
+    job = visible_jobs(request).filter(owner__username=username, name=name).select_related(
+        "owner", "virtual_cluster").first()
+    if job is None:
+        raise no_job(username, name)
+    return job
+
+
+def _page(request: HttpRequest, jobs: QuerySet[Job]) -> HttpResponse:
+    """All jobs, newest first, as OpenPAI answered; with `limit` (and
+    `offset`) one page of them, the total in X-Total-Count and the next page
+    in a Link header. Clients that send neither get the whole list."""
+    jobs = serializers.jobs_for_list(jobs)
+    limit = optional_int_param(request.GET, "limit", minimum=1, maximum=MAX_PAGE)
+    offset = int_param(request.GET, "offset", default=0, minimum=0, maximum=10**9)
+    if limit is None and not offset:
+        return ok([serializers.job_summary(job) for job in jobs])
+    total = jobs.count()
+    size = limit or MAX_PAGE
+    page = [serializers.job_summary(job) for job in jobs[offset:offset + size]]
+    headers = {"X-Total-Count": str(total)}
+    if offset + size < total:
+        query = request.GET.copy()
+        query["offset"], query["limit"] = str(offset + size), str(size)
+        headers["Link"] = f'<{request.build_absolute_uri(request.path)}?{query.urlencode()}>; rel="next"'
+    return ok(page, headers=headers)
+
+
+@handler(Access.READ)
+def _list_all(request: HttpRequest) -> HttpResponse:
+    jobs = visible_jobs(request)
+    username = request.GET.get("username")
+    if username:
+        jobs = jobs.filter(owner__username=username)
+    return _page(request, jobs)
+
+
+@handler(Access.READ)
+def _list_users(request: HttpRequest, username: str) -> HttpResponse:
+    if request.user.is_authenticated and not request.user.is_admin and request.user.username != username:
+        raise forbidden(f"You may list only your own jobs (user/{request.user.username}/jobs).")
+    return _page(request, visible_jobs(request).filter(owner__username=username))
+
+
+def _submitter(request: HttpRequest, username: str) -> User:
+    user = request.user
+    if user.username != username:
+        raise forbidden(f"You may submit jobs only as yourself: use user/{user.username}/jobs.")
+    return user  # type: ignore[return-value]
+
+
+def _accepted(request: HttpRequest, job: Job) -> HttpResponse:
+    location = api_url(request, "job", username=job.owner.username, name=job.name)
+    return ok({"message": f"update job {job.name} successfully"}, status=202, headers={"Location": location})
+
+
+def _submit(owner: User, config: str | bytes) -> Job:
+    try:
+        return services.job_submit(owner=owner, config=config)
+    except services.SubmitError as exc:
+        raise ApiError(exc.code, exc.message, extra={"field": exc.field} if exc.field else None) from None
+
+
+@handler(Access.USER)
+def _submit_named_in_body(request: HttpRequest, username: str) -> HttpResponse:
+    owner = _submitter(request, username)
+    return _accepted(request, _submit(owner, request.body))
+
+
+def _with_name(body: bytes, name: str) -> str:
+    """PUT names the job in its path: the config may leave jobName out, and
+    must not contradict the path."""
+    text = decode_text(body)
+    try:
+        value = jsonc.loads(text).value
+    except jsonc.JsoncSyntaxError:
+        return text  # the parser reports it, with its line and column
+    if not isinstance(value, dict):
+        return text
+    given = value.get("jobName")
+    if given is None:
+        return json.dumps({"jobName": name, **value})
+    if given != name:
+        raise invalid(f'jobName "{given}" in the config differs from "{name}" in the path.')
+    return text
+
+
+@handler(Access.USER)
+def _submit_named_in_path(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    owner = _submitter(request, username)
+    return _accepted(request, _submit(owner, _with_name(request.body, name)))
+
+
+@handler(Access.READ)
+def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = find_job(request, username, name)
+    attempts = serializers.latest_attempts(job)
+    tasks: dict[str, list[Task]] = {}
+    for task in Task.objects.filter(job=job).order_by("index"):
+        tasks.setdefault(task.role, []).append(task)
+    roles = [role.get("name") for role in job.config.get("taskRoles", [])] or list(tasks)
+    task_roles = {}
+    for role in roles:
+        statuses = [
+            serializers.task_status(task, attempts.get((role, task.index)), api_url(
+                request, "task_log", username=username, name=name, role=role, index=task.index))
+            for task in tasks.get(role, [])
+        ]
+        task_roles[role] = {"taskRoleStatus": {"name": role}, "taskStatuses": statuses}
+    return ok(serializers.job_status(job, task_roles))
+
+
+@handler(Access.USER)
+def _delete(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = find_job(request, username, name)
+    try:
+        services.job_delete(job=job)
+    except services.JobStateError as exc:
+        raise ApiError("ConflictJobError", f"Job {name} cannot be deleted: {exc}.") from None
+    except Job.DoesNotExist:  # deleted by a concurrent request
+        raise no_job(username, name) from None
+    return ok({"message": f"delete job {name} successfully"})
+
+
+@handler(Access.USER)
+def _config(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    """The config as submitted: its own keys and values, defaults not filled
+    in (comments, which JSON cannot carry, are left out)."""
+    job = find_job(request, username, name)
+    if not job.config_raw.strip():
+        raise ApiError("NoJobConfigError", f"Config of job {name} is not found.")
+    try:
+        return ok(jsonc.loads(job.config_raw).value)
+    except jsonc.JsoncSyntaxError:
+        raise ApiError("NoJobConfigError", f"Config of job {name} is not found.") from None
+
+
+@handler(Access.USER)
+def _execution_type(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = find_job(request, username, name)
+    value = json_body(request).get("value")
+    if value not in ("STOP", "START"):
+        raise invalid('value must be "STOP" or "START".')
+    if value == "START":
+        if job.is_final:
+            raise invalid(f"Job {name} has ended; submit it again under a new name to run it again.")
+        return ok({"message": f"execute job {name} successfully"}, status=202)
+    try:
+        services.job_stop(job=job, by=request.user)
+    except services.JobStateError:
+        pass  # already ended: stopping it is done, as the client asked
+    except Job.DoesNotExist:  # deleted by a concurrent request
+        raise no_job(username, name) from None
+    return ok({"message": f"execute job {name} successfully"}, status=202)
+
+
+jobs = resource(GET=_list_all)
+user_jobs = resource(GET=_list_users, POST=_submit_named_in_body)
+job = resource(GET=_status, PUT=_submit_named_in_path, DELETE=_delete)
+config = resource(GET=_config)
+execution_type = resource(PUT=_execution_type)

@@ -1,0 +1,88 @@
+"""Users, as OpenPAI's v1 API manages them: admins create, change, remove
+and list users and set their virtual clusters; a user may change their own
+password."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from jobs.api import serializers
+from jobs.api.auth import Access
+from jobs.api.errors import ApiError, forbidden, invalid
+from jobs.api.http import bool_param, handler, json_body, ok, resource, string_param
+from jobs.models import User
+from jobs.services import users
+
+
+def _user_named(username: str) -> User:
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        raise ApiError("NoUserError", f"User {username} is not found.")
+    return user
+
+
+def _call(function: Any, **kwargs: Any) -> Any:
+    try:
+        return function(**kwargs)
+    except users.UserError as exc:
+        raise ApiError(exc.code, exc.message) from None
+
+
+@handler(Access.ADMIN)
+def _list(request: HttpRequest) -> HttpResponse:
+    everyone = User.objects.order_by("username").prefetch_related("virtual_clusters")
+    return ok([serializers.user(user) for user in everyone])
+
+
+@handler(Access.USER)
+def _put(request: HttpRequest) -> HttpResponse:
+    """OpenPAI's PUT /user: `modify: false` creates a user, `modify: true`
+    changes one (admins: anyone's password and admin flag; users: their own
+    password only)."""
+    params = json_body(request)
+    username = string_param(params, "username", max_length=64) or ""
+    password = string_param(params, "password", required=False, max_length=4096)
+    admin = bool_param(params, "admin")
+    modify = bool_param(params, "modify") or False
+    me: User = request.user  # type: ignore[assignment]
+    if not me.is_admin and not (modify and username == me.username and admin in (None, me.is_admin)):
+        raise forbidden("Non-admin is not allowed to do this operation (you may change only your own password).")
+    if modify:
+        target = _user_named(username)
+        if target.pk == me.pk and admin is False:
+            raise forbidden("You cannot take away your own admin rights.")
+        _call(users.user_update, user=target, password=password, admin=admin)
+    else:
+        if password is None:
+            raise invalid("password is required to create a user.")
+        _call(users.user_create, username=username, password=password, admin=bool(admin))
+    return ok({"message": "update successfully"}, status=201)
+
+
+@handler(Access.ADMIN)
+def _delete(request: HttpRequest) -> HttpResponse:
+    params = json_body(request)
+    username = string_param(params, "username", required=False, max_length=64) or request.GET.get("username")
+    if not username:
+        raise invalid("username is required (in the JSON body, or as ?username=).")
+    _call(users.user_delete, user=_user_named(username), by=request.user)
+    return ok({"message": "remove successfully"})
+
+
+@handler(Access.ADMIN)
+def _set_virtual_clusters(request: HttpRequest, username: str) -> HttpResponse:
+    value = json_body(request).get("virtualClusters")
+    if isinstance(value, str):
+        names = value.split(",")
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        names = value
+    else:
+        raise invalid('virtualClusters is required: names separated by commas ("vc1,vc2") or a list of names.')
+    _call(users.user_set_virtual_clusters, user=_user_named(username), names=names)
+    return ok({"message": "update user virtual clusters successfully"}, status=201)
+
+
+user = resource(GET=_list, PUT=_put, DELETE=_delete)
+user_virtual_clusters = resource(PUT=_set_virtual_clusters)

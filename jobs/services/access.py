@@ -1,0 +1,207 @@
+"""How users reach a running task: web ports, Jupyter (with its token), SSH
+commands and keys, the browser terminal, and whether a Jupyter task has gone
+idle. Besides the reads, the users' own SSH public keys are written here."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db.models import Max
+from django.utils import timezone
+
+from jobs import keys
+from jobs.environment import SSH_PORT_LABEL
+from jobs.models import Job, LogLine, SshKey, Stream, TaskAttempt, TaskState, User
+from jobs.services.submission import spec_of
+
+# Jupyter prints its URL with `?token=<48 hex digits>` (notebook, lab, server).
+_TOKEN_RE = re.compile(r"[?&]token=([0-9a-fA-F]{16,128})\b")
+_TOKEN_ARG_RE = re.compile(r"--(NotebookApp|ServerApp|IdentityProvider)\.token(?:=(.*))?", re.DOTALL)
+JUPYTER_LABEL = "jupyter"
+MAX_SSH_KEYS_PER_USER = 50
+
+
+@dataclass(frozen=True)
+class PortLink:
+    label: str
+    ports: list[int]
+    address: str  # IP:PORT of the first port
+    url: str  # http://IP:PORT/ for web labels, else ""
+
+
+def port_links(attempt: TaskAttempt) -> list[PortLink]:
+    """Each labelled port of a task as IP:PORT, with a link for web labels
+    (settings.WEB_PORT_LABELS)."""
+    web = set(settings.WEB_PORT_LABELS)
+    links = []
+    for label, ports in sorted(attempt.ports.items()):
+        if not ports:
+            continue
+        address = f"{attempt.host_ip}:{ports[0]}"
+        links.append(PortLink(label, list(ports), address, f"http://{address}/" if label in web else ""))
+    return links
+
+
+def token_in_command(command: str) -> str | None:
+    """The token a command gives Jupyter (`--NotebookApp.token=...`, or
+    ServerApp / IdentityProvider), as the shell would pass it; None if it
+    sets none. Jupyter prints such a token as "..." in its log, so this is
+    the only place to find it (the reference's Jupyter example sets one)."""
+    try:
+        words = shlex.split(command, comments=False, posix=True)
+    except ValueError:  # unbalanced quotes: not a command we can read
+        return None
+    for number, word in enumerate(words):
+        match = _TOKEN_ARG_RE.fullmatch(word)
+        if match is None:
+            continue
+        if match.group(2) is not None:
+            return match.group(2)
+        return words[number + 1] if number + 1 < len(words) else None
+    return None
+
+
+def jupyter_token(attempt: TaskAttempt) -> str:
+    """The token to open the task's Jupyter with: the one its command sets,
+    else the one the server printed in the log (the latest: a restarted
+    server prints a new one); "" if neither."""
+    role = spec_of(attempt.job).role(attempt.task.role)
+    from_command = token_in_command(role.command)
+    if from_command is not None:
+        return from_command
+    lines = LogLine.objects.filter(attempt=attempt, stream__in=(Stream.STDERR, Stream.STDOUT), text__contains="token=")
+    for text in lines.order_by("-stream", "-seq").values_list("text", flat=True)[:50]:
+        match = _TOKEN_RE.search(text)
+        if match:
+            return match.group(1)
+    return ""
+
+
+def jupyter_url(attempt: TaskAttempt, label: str = JUPYTER_LABEL) -> str:
+    """One click into the task's Jupyter: its port, and its token if known."""
+    ports = attempt.ports.get(label) or []
+    if not ports or attempt.state != TaskState.RUNNING:
+        return ""
+    token = jupyter_token(attempt)
+    return f"http://{attempt.host_ip}:{ports[0]}/" + (f"?token={quote(token, safe='')}" if token else "")
+
+
+@dataclass(frozen=True)
+class SshAccess:
+    available: bool | None  # None: not known yet (the task is starting)
+    host: str
+    port: int | None
+    command: str
+    note: str
+
+
+NO_SSH_SERVER = ("This image has no SSH server (/usr/sbin/sshd), so SSH is not available; "
+                 "install openssh-server in the image to use it. The terminal in the browser works without it.")
+
+
+def ssh_access(attempt: TaskAttempt, *, key_file: str = "<key file>") -> SshAccess:
+    ports = attempt.ports.get(SSH_PORT_LABEL) or []
+    port = ports[0] if ports else None
+    command = f"ssh -p {port} root@{attempt.host_ip} -i {key_file}" if port else ""
+    if attempt.ssh_available is False:
+        return SshAccess(False, attempt.host_ip, port, "", NO_SSH_SERVER)
+    if attempt.state != TaskState.RUNNING:
+        return SshAccess(attempt.ssh_available, attempt.host_ip, port, command, "SSH works while the task runs.")
+    return SshAccess(attempt.ssh_available, attempt.host_ip, port, command, "")
+
+
+def ssh_key_file_name(job: Job) -> str:
+    """The name the job's private key downloads as (and the ssh command uses)."""
+    return f"{job.name}.key"
+
+
+def last_activity(attempt: TaskAttempt) -> datetime | None:
+    """When the task last showed a sign of use: log output, or a terminal
+    session opened or closed in it."""
+    moments = [attempt.last_activity_at, attempt.started_at]
+    sessions = attempt.terminal_sessions.aggregate(started=Max("started_at"), ended=Max("ended_at"))
+    moments += [sessions["started"], sessions["ended"]]
+    if attempt.terminal_sessions.filter(ended_at__isnull=True).exists():
+        moments.append(timezone.now())
+    known = [m for m in moments if m is not None]
+    return max(known) if known else None
+
+
+def idle_minutes(attempt: TaskAttempt) -> int | None:
+    """Minutes without activity of a running task with a Jupyter port, once
+    past settings.JUPYTER_IDLE_MINUTES; None otherwise."""
+    if attempt.state != TaskState.RUNNING or JUPYTER_LABEL not in attempt.ports:
+        return None
+    last = last_activity(attempt)
+    if last is None:
+        return None
+    idle = timezone.now() - last
+    if idle < timedelta(minutes=settings.JUPYTER_IDLE_MINUTES):
+        return None
+    return int(idle.total_seconds() // 60)
+
+
+@dataclass(frozen=True)
+class TaskAccess:
+    """Everything the job page offers to reach one task attempt."""
+
+    is_owner: bool
+    running: bool
+    ssh: SshAccess
+    key_file: str
+    can_open_terminal: bool
+    jupyter_url: str
+    jupyter_has_token: bool
+    idle_minutes: int | None
+
+
+def task_access(*, job: Job, attempt: TaskAttempt, user: User) -> TaskAccess:
+    is_owner = job.owner_id == user.pk
+    running = attempt.state == TaskState.RUNNING
+    key_file = ssh_key_file_name(job)
+    url = jupyter_url(attempt)
+    return TaskAccess(
+        is_owner=is_owner, running=running, ssh=ssh_access(attempt, key_file=key_file), key_file=key_file,
+        can_open_terminal=running and bool(attempt.container_id) and (is_owner or user.is_admin),
+        jupyter_url=url, jupyter_has_token="?token=" in url, idle_minutes=idle_minutes(attempt),
+    )
+
+
+# ------------------------------------------------------- users' public keys
+
+class SshKeyError(ValueError):
+    """A public key that cannot be stored; `field` names the form field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def ssh_key_add(*, user: User, title: str, public_key: str) -> SshKey:
+    """Store one of the user's public keys; it is authorized in the
+    containers of the jobs they start from now on."""
+    try:
+        line, fingerprint = keys.check_public_key(public_key)
+    except keys.BadPublicKey as exc:
+        raise SshKeyError("public_key", str(exc)) from None
+    title = title.strip() or (line.split(" ", 2)[2] if line.count(" ") >= 2 else fingerprint)
+    if len(title) > 100:
+        raise SshKeyError("title", "expected at most 100 characters")
+    existing = SshKey.objects.filter(user=user, fingerprint=fingerprint).first()
+    if existing is not None:
+        raise SshKeyError("public_key", f'you already added this key, as "{existing.title}"')
+    if SshKey.objects.filter(user=user).count() >= MAX_SSH_KEYS_PER_USER:
+        raise SshKeyError("public_key", f"you have {MAX_SSH_KEYS_PER_USER} keys already; delete one first")
+    return SshKey.objects.create(user=user, title=title[:100], public_key=line, fingerprint=fingerprint)
+
+
+def ssh_key_delete(*, user: User, key_id: int) -> bool:
+    """Delete one of the user's keys; False if it is not theirs (or gone)."""
+    deleted, _ = SshKey.objects.filter(pk=key_id, user=user).delete()
+    return deleted > 0

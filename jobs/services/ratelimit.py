@@ -1,0 +1,96 @@
+"""Failed-login limits, shared by POST /api/v1/token and the web login form.
+
+After LOGIN_FAILURES_ALLOWED failures for one username within
+LOGIN_FAILURE_WINDOW_SECONDS, further logins for that username are refused
+until the window ends, right password or not (otherwise guessing would go on
+with the answer simply withheld). One client address gets five times as many
+failures over all usernames, which stops spraying one password over many
+names. Counters live in the Django cache (Redis), so every gunicorn worker
+sees the same counts.
+
+If the cache is unreachable the limiter lets logins through: a Redis outage
+must not lock everyone out of the portal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from django.http import HttpRequest
+
+log = logging.getLogger(__name__)
+
+ADDRESS_FACTOR = 5
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address; behind a trusted proxy (PORTAL_BEHIND_PROXY),
+    the last hop the proxy added to X-Forwarded-For."""
+    if getattr(settings, "SECURE_PROXY_SSL_HEADER", None):
+        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+        hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+        if hops:
+            return hops[-1][:64]
+    return request.META.get("REMOTE_ADDR", "")[:64] or "unknown"
+
+
+def _keys(kind: str, value: str) -> tuple[str, str]:
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"login-fail:{kind}:{digest}:n", f"login-fail:{kind}:{digest}:since"
+
+
+def _counters(username: str, address: str) -> list[tuple[tuple[str, str], int]]:
+    allowed = settings.LOGIN_FAILURES_ALLOWED
+    return [(_keys("user", username.strip().lower()), allowed), (_keys("addr", address), allowed * ADDRESS_FACTOR)]
+
+
+def login_wait_seconds(*, username: str, address: str) -> int:
+    """0 if a login may be tried now, else how many seconds to wait."""
+    window = settings.LOGIN_FAILURE_WINDOW_SECONDS
+    try:
+        for (count_key, since_key), allowed in _counters(username, address):
+            values = cache.get_many([count_key, since_key])
+            if int(values.get(count_key) or 0) >= allowed:
+                since = float(values.get(since_key) or time.time())
+                return max(1, int(since + window - time.time()) + 1)
+    except Exception:  # the cache is down: let the login through (see above)
+        log.warning("login rate limit unavailable", exc_info=True)
+    return 0
+
+
+def login_failed(*, username: str, address: str) -> None:
+    window = settings.LOGIN_FAILURE_WINDOW_SECONDS
+    try:
+        for (count_key, since_key), _allowed in _counters(username, address):
+            # add() only sets a missing key: the window starts at the first
+            # failure and is not pushed back by later ones.
+            cache.add(since_key, time.time(), timeout=window)
+            cache.add(count_key, 0, timeout=window)
+            cache.incr(count_key)
+    except Exception:
+        log.warning("login rate limit unavailable", exc_info=True)
+
+
+def login_succeeded(*, username: str) -> None:
+    """A right password clears the username's count (not the address's)."""
+    try:
+        cache.delete_many(list(_keys("user", username.strip().lower())))
+    except Exception:
+        log.warning("login rate limit unavailable", exc_info=True)
+
+
+def login_reset(*, username: str = "", address: str = "") -> None:
+    """Forget counts (an admin unlocking an account; tests)."""
+    keys: list[str] = []
+    if username:
+        keys += _keys("user", username.strip().lower())
+    if address:
+        keys += _keys("addr", address)
+    try:
+        cache.delete_many(keys)
+    except Exception:
+        log.warning("login rate limit unavailable", exc_info=True)

@@ -1,0 +1,80 @@
+"""API tokens: made by POST /api/v1/token or on the profile page, used as
+`Authorization: Bearer <token>`, revoked by their owner, expiring on their own.
+
+Only the SHA-256 of a token is stored, so a copy of the database does not
+hand out working tokens; the token itself is shown once, when it is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.utils import timezone
+
+from jobs.models import ApiToken, User
+
+TOKEN_PREFIX = "pai_"
+# Tokens from POST /api/v1/token: OpenPAI's `expiration`, in seconds.
+API_MIN_SECONDS = 60
+API_MAX_SECONDS = 7 * 24 * 3600
+API_DEFAULT_SECONDS = 24 * 3600
+# Tokens made on the profile page may live longer (for scripts and CI).
+PAGE_MAX_DAYS = 365
+# last_used_at is written at most this often per token: a busy script must
+# not turn every read into a database write.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+# Expired or revoked tokens are kept this long for the owner's list, then dropped.
+KEEP_DEAD_TOKENS = timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class NewToken:
+    token: ApiToken
+    key: str  # the secret; never stored, shown once
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToken:
+    key = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    now = timezone.now()
+    token = ApiToken.objects.create(
+        user=user, key_hash=_hash(key), prefix=key[:12], label=label[:100], created_at=now, expires_at=now + lifetime
+    )
+    ApiToken.objects.filter(user=user, expires_at__lt=now - KEEP_DEAD_TOKENS).delete()
+    ApiToken.objects.filter(user=user, revoked_at__lt=now - KEEP_DEAD_TOKENS).delete()
+    return NewToken(token=token, key=key)
+
+
+def token_revoke(*, token: ApiToken) -> bool:
+    """Revoke a token; False if it already was."""
+    return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
+
+
+class TokenRejected(Exception):
+    """The token is unknown, expired, revoked, or its user may not log in."""
+
+
+def token_authenticate(key: str) -> User:
+    """The user a bearer token stands for, or TokenRejected saying why."""
+    if not key.startswith(TOKEN_PREFIX) or len(key) > 200:
+        raise TokenRejected("the token is not valid")
+    try:
+        token = ApiToken.objects.select_related("user").get(key_hash=_hash(key))
+    except ApiToken.DoesNotExist:
+        raise TokenRejected("the token is not valid") from None
+    now = timezone.now()
+    if token.revoked_at is not None:
+        raise TokenRejected("the token was revoked")
+    if token.expires_at <= now:
+        raise TokenRejected("the token has expired; get a new one with POST /api/v1/token")
+    if not token.user.is_active:
+        raise TokenRejected("the token's user is disabled")
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user

@@ -1,0 +1,94 @@
+"""Managing users (OpenPAI's PUT/DELETE/GET /user and virtual-cluster
+membership). Admin checks are the caller's business; these functions check
+the data and keep the rules that protect the cluster's history.
+
+UserError.code follows OpenPAI's REST error names, like SubmitError.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from jobs.models import FINAL_STATES, Job, User, VirtualCluster
+
+
+class UserError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _check_password(password: str, user: User) -> None:
+    try:
+        validate_password(password, user)
+    except ValidationError as exc:
+        raise UserError("InvalidParametersError", "password: " + " ".join(exc.messages)) from None
+
+
+def user_create(*, username: str, password: str, admin: bool = False) -> User:
+    user = User(username=username, is_staff=admin, is_superuser=admin)
+    try:
+        # Uniqueness is checked below, where a clash is a conflict, not bad input.
+        user.full_clean(exclude=["password"], validate_unique=False)
+    except ValidationError as exc:
+        messages = [f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items()]
+        raise UserError("InvalidParametersError", "; ".join(messages)) from None
+    _check_password(password, user)
+    user.set_password(password)  # slow on purpose: before the transaction, not inside it
+    conflict = UserError("ConflictUserError", f"User name {username} already exists.")
+    try:
+        with transaction.atomic():
+            if User.objects.filter(username__iexact=username).exists():
+                raise conflict
+            user.save()
+    except IntegrityError:  # made by a concurrent request meanwhile
+        raise conflict from None
+    return user
+
+
+def user_update(*, user: User, password: str | None = None, admin: bool | None = None) -> User:
+    if password is not None:
+        _check_password(password, user)
+        user.set_password(password)
+    if admin is not None:
+        user.is_staff = user.is_superuser = admin
+    user.save()
+    return user
+
+
+def user_delete(*, user: User, by: User) -> None:
+    """Delete a user with their finished jobs and tokens.
+
+    Refused for admins (OpenPAI's rule; demote first), for oneself, and while
+    the user has unfinished jobs: deleting those rows would orphan running
+    containers.
+    """
+    if user.pk == by.pk:
+        raise UserError("RemoveAdminError", "You cannot remove yourself.")
+    if user.is_admin:
+        raise UserError("RemoveAdminError", f"Admin {user.username} is not allowed to remove; make them a non-admin first.")
+    with transaction.atomic():
+        unfinished = Job.objects.filter(owner=user).exclude(state__in=FINAL_STATES).count()
+        if unfinished:
+            raise UserError("ConflictUserError",
+                            f"User {user.username} has {unfinished} unfinished job(s); stop them before removing the user.")
+        user.delete()
+
+
+def user_set_virtual_clusters(*, user: User, names: list[str]) -> list[VirtualCluster]:
+    """Make `names` exactly the virtual clusters the user is a member of
+    (those open to all stay open to them anyway)."""
+    wanted = sorted({name.strip() for name in names if name.strip()})
+    found = {vc.name: vc for vc in VirtualCluster.objects.filter(name__in=wanted)}
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise UserError("NoVirtualClusterError", f"Virtual cluster {', '.join(missing)} is not found.")
+    try:
+        with transaction.atomic():
+            user.virtual_clusters.set(found.values())
+    except IntegrityError:  # a concurrent change added the same membership
+        raise UserError("ConflictUserError", "The user's virtual clusters were changed meanwhile; try again.") from None
+    return [found[name] for name in wanted]

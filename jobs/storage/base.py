@@ -1,0 +1,134 @@
+"""The one storage interface both backends implement.
+
+Paths here are storage paths (see paths.py), already checked for access by
+the caller; backends only make sure a path cannot leave their own root.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from jobs.storage.errors import StorageError, StorageNotFound
+from jobs.storage.paths import join
+
+CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file or folder: what a listing row and a stat show."""
+
+    name: str
+    path: str
+    is_dir: bool
+    size: int
+    modified: datetime | None
+
+
+class Backend(ABC):
+    """list, stat, read, write (streamed), mkdir, delete; trees on top."""
+
+    label = "storage"
+
+    @abstractmethod
+    def stat(self, path: str) -> Entry | None:
+        """The entry at `path`, or None when there is none."""
+
+    @abstractmethod
+    def list(self, path: str) -> list[Entry]:
+        """A folder's entries (StorageNotFound / StorageError if not a folder)."""
+
+    @abstractmethod
+    def open_read(self, path: str) -> AbstractContextManager[BinaryIO]:
+        """A readable binary stream of the file at `path`."""
+
+    @abstractmethod
+    def write(self, path: str, stream: BinaryIO, *, overwrite: bool = False) -> int:
+        """Store `stream` at `path` (parents made) without holding it in memory."""
+
+    @abstractmethod
+    def mkdir(self, path: str) -> None:
+        """Make a folder and its parents; fine if it exists."""
+
+    @abstractmethod
+    def delete(self, path: str, *, recursive: bool = False) -> bool:
+        """Remove a file or folder; False when nothing was there."""
+
+    # ------------------------------------------------------- built on the above
+
+    def require(self, path: str) -> Entry:
+        entry = self.stat(path)
+        if entry is None:
+            raise StorageNotFound(f"{path} does not exist")
+        return entry
+
+    def iter_bytes(self, path: str) -> Iterator[bytes]:
+        """The file's content in chunks (for streamed downloads)."""
+        with self.open_read(path) as stream:
+            while chunk := stream.read(CHUNK):
+                yield chunk
+
+    def walk(self, path: str) -> Iterator[tuple[str, Entry]]:
+        """(relative path, entry) of every folder and file under a folder; a
+        folder comes before what it holds."""
+        for entry in sorted(self.list(path), key=lambda e: e.name):
+            yield entry.name, entry
+            if entry.is_dir:
+                for relative, inner in self.walk(entry.path):
+                    yield f"{entry.name}/{relative}", inner
+
+    def download_tree(self, path: str, dest: Path, *, max_bytes: int) -> int:
+        """Copy a folder into the local folder `dest`, refusing past max_bytes."""
+        if not self.require(path).is_dir:
+            raise StorageError(f"{path} is a file; expected a folder")
+        dest.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for relative, entry in self.walk(path):
+            target = dest / relative
+            if entry.is_dir:
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            if total + entry.size > max_bytes:
+                raise StorageError(f"{path} holds more than {_megabytes(max_bytes)} (the limit for a code folder); "
+                                   "keep code small and put data in dataDir")
+            with self.open_read(entry.path) as source, open(target, "wb") as out:
+                total += _copy_limited(source, out, max_bytes - total, path)
+        return total
+
+    def upload_tree(self, src: Path, path: str, *, overwrite: bool = True) -> int:
+        """Copy a local folder's contents into `path`. Symlinks are skipped:
+        they could point anywhere on the host."""
+        self.mkdir(path)
+        total = 0
+        for local in sorted(src.rglob("*")):
+            if local.is_symlink():
+                continue
+            target = join(path, local.relative_to(src).as_posix())
+            if local.is_dir():
+                self.mkdir(target)
+            elif local.is_file():
+                with open(local, "rb") as stream:
+                    total += self.write(target, stream, overwrite=overwrite)
+        return total
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / (1024 * 1024):g} MB"
+
+
+def _copy_limited(source: BinaryIO, out: BinaryIO, limit: int, folder: str) -> int:
+    """Copy until EOF; a file that grew since it was listed still cannot
+    take the copy past the limit."""
+    copied = 0
+    while chunk := source.read(CHUNK):
+        copied += len(chunk)
+        if copied > limit:
+            raise StorageError(f"{folder} grew past the limit for a code folder while it was copied")
+        out.write(chunk)
+    return copied

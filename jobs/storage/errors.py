@@ -1,0 +1,14 @@
+"""Errors of the storage package. Messages are shown to users as they are,
+so they say what went wrong and what was expected, and never carry secrets."""
+
+
+class StorageError(Exception):
+    """Storage could not do what was asked; str(exc) is for the user."""
+
+
+class StorageAccessDenied(StorageError):
+    """The path exists (or may), but this user, or the storage itself, refuses it."""
+
+
+class StorageNotFound(StorageError):
+    """No file or folder at that path."""

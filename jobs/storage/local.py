@@ -1,0 +1,148 @@
+"""Local-disk storage: a folder on this machine (STORAGE_LOCAL_ROOT).
+
+The storage path "/alice/code" is ROOT/alice/code. Nothing may lead out of
+the root: `..` never reaches here (paths.normalize refuses it), symlinks are
+not listed, followed or copied, and every path is resolved and checked to
+stay under the root before it is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat as stat_module
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from jobs.storage.base import CHUNK, Backend, Entry
+from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
+from jobs.storage.paths import join
+
+PARTIAL_PREFIX = ".pai-upload-"
+
+
+class LocalBackend(Backend):
+    label = "local disk"
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root.resolve()
+
+    def _real(self, path: str) -> Path:
+        resolved = Path(os.path.realpath(self.root.joinpath(*[p for p in path.split("/") if p])))
+        if resolved != self.root and self.root not in resolved.parents:
+            raise StorageAccessDenied(f"{path} leads outside the storage folder")
+        return resolved
+
+    def _entry(self, path: str, real: Path) -> Entry | None:
+        try:
+            info = real.lstat()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _error(path, exc) from None
+        if not (stat_module.S_ISDIR(info.st_mode) or stat_module.S_ISREG(info.st_mode)):
+            return None  # symlinks, sockets, fifos: not ours to show
+        return Entry(
+            name=path.rsplit("/", 1)[-1], path=path, is_dir=stat_module.S_ISDIR(info.st_mode),
+            size=0 if stat_module.S_ISDIR(info.st_mode) else info.st_size,
+            modified=datetime.fromtimestamp(info.st_mtime, tz=UTC),
+        )
+
+    def stat(self, path: str) -> Entry | None:
+        return self._entry(path, self._real(path))
+
+    def list(self, path: str) -> list[Entry]:
+        real = self._real(path)
+        try:
+            names = sorted(os.listdir(real))
+        except FileNotFoundError:
+            raise StorageNotFound(f"{path} does not exist") from None
+        except NotADirectoryError:
+            raise StorageError(f"{path} is a file; expected a folder") from None
+        except OSError as exc:
+            raise _error(path, exc) from None
+        entries = (self._entry(join(path, name), real / name) for name in names if not name.startswith(PARTIAL_PREFIX))
+        return [entry for entry in entries if entry is not None]
+
+    @contextmanager
+    def open_read(self, path: str) -> Iterator[BinaryIO]:
+        entry = self.require(path)
+        if entry.is_dir:
+            raise StorageError(f"{path} is a folder; expected a file")
+        try:
+            stream = open(self._real(path), "rb")
+        except OSError as exc:
+            raise _error(path, exc) from None
+        with stream:
+            yield stream
+
+    def write(self, path: str, stream: BinaryIO, *, overwrite: bool = False) -> int:
+        real = self._real(path)
+        existing = self._entry(path, real)
+        if existing is not None and existing.is_dir:
+            raise StorageError(f"{path} is a folder; a file cannot replace it")
+        if existing is not None and not overwrite:
+            raise StorageError(f"{path} already exists")
+        self.mkdir(path.rsplit("/", 1)[0] or "/")
+        # Write beside the target, then move it in whole: readers never see
+        # half a file, and a failed upload leaves the old one in place.
+        fd, temp = tempfile.mkstemp(prefix=PARTIAL_PREFIX, dir=real.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                size = 0
+                while chunk := stream.read(CHUNK):
+                    out.write(chunk)
+                    size += len(chunk)
+            os.chmod(temp, 0o644)  # containers may run as another user
+            if overwrite:
+                os.replace(temp, real)
+            else:
+                os.link(temp, real)  # fails if someone made it meanwhile
+        except FileExistsError:
+            raise StorageError(f"{path} already exists") from None
+        except OSError as exc:
+            raise _error(path, exc) from None
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+        return size
+
+    def mkdir(self, path: str) -> None:
+        real = self._real(path)
+        try:
+            real.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StorageError(f"cannot make folder {path}: a file is in the way") from None
+        except OSError as exc:
+            raise _error(path, exc) from None
+
+    def delete(self, path: str, *, recursive: bool = False) -> bool:
+        real = self._real(path)
+        entry = self._entry(path, real)
+        if entry is None:
+            return False
+        if real == self.root:
+            raise StorageAccessDenied("the storage root cannot be deleted")
+        try:
+            if not entry.is_dir:
+                real.unlink()
+            elif recursive:
+                shutil.rmtree(real)
+            else:
+                real.rmdir()
+        except OSError as exc:
+            if entry.is_dir and not recursive and any(real.iterdir()):
+                raise StorageError(f"{path} is not empty") from None
+            raise _error(path, exc) from None
+        return True
+
+
+def _error(path: str, exc: OSError) -> StorageError:
+    if isinstance(exc, PermissionError):
+        return StorageAccessDenied(f"the storage folder refuses access to {path}")
+    return StorageError(f"{path}: {exc.strerror or exc}")

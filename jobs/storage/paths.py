@@ -1,0 +1,107 @@
+"""How users address storage: from what they type to one storage path.
+
+Every place the portal touches storage works with a *storage path*: an
+absolute POSIX path in the storage's own namespace ("/alice/code"), never a
+host path. Users may write any of these (the README has the table):
+
+- a URI of the configured backend:
+    local   file:///alice/code, file:/alice/code (what "$PAI_DEFAULT_FS_URI/alice/code"
+            gives with the default "file://"), file://localhost/alice/code
+    webhdfs hdfs://namenode:9000/alice/code (same authority as PAI_DEFAULT_FS_URI),
+            hdfs:///alice/code, hdfs:/alice/code
+- an absolute path, "/alice/code": the same place in the storage namespace;
+- a relative path, "code": relative to the user's home "/<user>".
+
+On local storage "/alice/code" is STORAGE_LOCAL_ROOT/alice/code: a path can
+never name a host file outside that root. `..` is refused outright rather
+than collapsed, so nobody can be surprised by where a path lands. URIs are
+taken literally (no %-decoding): OpenPAI configs write raw paths.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from urllib.parse import urlsplit
+
+from jobs.storage.errors import StorageError
+
+ROOT = "/"
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def scheme_of(backend: str) -> str:
+    return "file" if backend == "local" else "hdfs"
+
+
+def _authority(uri: str) -> str:
+    return urlsplit(uri).netloc.lower()
+
+
+def normalize(path: str, *, typed: str | None = None) -> str:
+    """"/a//b/./c/" -> "/a/b/c". Refuses `..` and control characters;
+    messages quote `typed`, what the user wrote, when given."""
+    if _CONTROL_RE.search(path):
+        raise StorageError(f'"{typed or path}" contains control characters')
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise StorageError(f'"{typed or path}" contains "..": write the path without going up a folder')
+    return "/" + "/".join(parts)
+
+
+def join(folder: str, *names: str) -> str:
+    return normalize(posixpath.join(folder, *names))
+
+
+def parent(path: str) -> str:
+    return posixpath.dirname(path) or ROOT
+
+
+def _uri_path(value: str, *, backend: str, default_fs_uri: str) -> str:
+    scheme = _SCHEME_RE.match(value).group(1).lower()
+    expected = scheme_of(backend)
+    if scheme != expected:
+        if backend == "local":
+            raise StorageError(
+                f'"{value}": this portal keeps files on its own disk; expected file:///<path> '
+                "(or a path such as /<you>/code)"
+            )
+        raise StorageError(f'"{value}": this portal keeps files on HDFS; expected {default_fs_uri}/<path> '
+                           "(or a path such as /<you>/code)")
+    rest = value[len(scheme) + 1:]
+    if rest.startswith("//"):
+        authority, _, path = rest[2:].partition("/")
+        path = "/" + path
+        allowed = {""} | ({"localhost"} if scheme == "file" else {_authority(default_fs_uri)})
+        if authority.lower() not in allowed:
+            if scheme == "file":
+                raise StorageError(f'"{value}": a file:// URI names no host; write file:///{authority}{path.rstrip("/")}')
+            raise StorageError(f'"{value}": that is not this cluster\'s HDFS; expected {default_fs_uri}/<path>')
+        return path
+    if not rest.startswith("/"):
+        raise StorageError(f'"{value}": expected an absolute path after "{scheme}:", e.g. {scheme}:///<you>/code')
+    return rest
+
+
+def to_path(value: str, *, backend: str, default_fs_uri: str, user_name: str | None) -> str:
+    """The storage path a user means by `value` (see the module docstring)."""
+    value = value.strip()
+    if not value:
+        raise StorageError("the path is empty")
+    if _SCHEME_RE.match(value) and not value.startswith("/"):
+        path = _uri_path(value, backend=backend, default_fs_uri=default_fs_uri)
+    elif value.startswith("/"):
+        path = value
+    else:
+        if not user_name:
+            raise StorageError(f'"{value}" is relative; expected an absolute path such as /<user>/{value}')
+        path = f"/{user_name}/{value}"
+    return normalize(path, typed=value)
+
+
+def to_uri(path: str, *, backend: str, default_fs_uri: str) -> str:
+    """The URI users put in a job config for a storage path."""
+    if backend == "local":
+        return "file://" + path
+    return default_fs_uri.rstrip("/") + path

@@ -1,0 +1,89 @@
+"""Interactive access to running tasks: the browser terminal, the job's SSH
+key, and the user's own SSH public keys (on the profile page)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from jobs.models import Job, TaskAttempt, TaskState
+from jobs.services import access
+
+# The add-key form's input survives the redirect back to the profile page
+# when it is refused, so the user can fix it instead of pasting it again.
+SSH_KEY_DRAFT = "ssh_key_draft"
+
+
+class SshKeyForm(forms.Form):
+    title = forms.CharField(max_length=100, required=False, help_text="Defaults to the key's comment.")
+    public_key = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=16_000,
+                                 help_text="One line, as in ~/.ssh/id_ed25519.pub")
+
+
+def _job_for_user(request: HttpRequest, job_id: int) -> Job:
+    return get_object_or_404(Job.objects.visible_to(request.user), pk=job_id)
+
+
+def terminal(request: HttpRequest, job_id: int, attempt_id: int) -> HttpResponse:
+    """The page holding the terminal; the shell itself comes over the
+    WebSocket (jobs/terminal.py), which checks again who may open it."""
+    job = _job_for_user(request, job_id)
+    attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
+    running = attempt.state == TaskState.RUNNING and bool(attempt.container_id)
+    return render(request, "jobs/terminal.html", {"job": job, "attempt": attempt, "running": running})
+
+
+def ssh_key(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The job's private key, for its owner only (not even admins)."""
+    job = get_object_or_404(Job, pk=job_id)
+    if job.owner_id != request.user.pk or not job.ssh_private_key:
+        raise Http404("no such job")
+    response = HttpResponse(job.ssh_private_key, content_type="application/x-pem-file")
+    response["Content-Disposition"] = f'attachment; filename="{access.ssh_key_file_name(job)}"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+def ssh_key_add(request: HttpRequest) -> HttpResponse:
+    form = SshKeyForm(request.POST)
+    if form.is_valid():
+        try:
+            key = access.ssh_key_add(user=request.user, title=form.cleaned_data["title"],
+                                     public_key=form.cleaned_data["public_key"])
+        except access.SshKeyError as exc:
+            form.add_error(exc.field, exc.message)
+        else:
+            request.session.pop(SSH_KEY_DRAFT, None)
+            messages.success(request, f'Added SSH key "{key.title}" ({key.fingerprint}). '
+                                      "It is authorized in the jobs you start from now on.")
+            return redirect("jobs:profile")
+    request.session[SSH_KEY_DRAFT] = {"data": {k: request.POST.get(k, "")[:16_000] for k in ("title", "public_key")},
+                                      "errors": {field: list(errors) for field, errors in form.errors.items()}}
+    messages.error(request, "The SSH key was not added: " + "; ".join(
+        f"{_label(form, field)}: {' '.join(errors)}" for field, errors in form.errors.items()))
+    return redirect("jobs:profile")
+
+
+def _label(form: forms.Form, field: str) -> str:
+    return str(form.fields[field].label or field.replace("_", " ")) if field in form.fields else field
+
+
+@require_POST
+def ssh_key_delete(request: HttpRequest, key_id: int) -> HttpResponse:
+    if not access.ssh_key_delete(user=request.user, key_id=key_id):
+        raise Http404("no such key")
+    messages.success(request, "Deleted the SSH key. Jobs already running keep it until they end.")
+    return redirect("jobs:profile")
+
+
+def ssh_keys_panel_context(request: HttpRequest) -> dict:
+    """What templates/jobs/partials/profile_ssh_keys.html shows (used by its
+    template tag, so the profile view needs to know nothing about it)."""
+    draft = request.session.pop(SSH_KEY_DRAFT, None) or {}
+    form = SshKeyForm(initial=draft.get("data") or None)
+    return {"ssh_keys": list(request.user.ssh_keys.all()), "ssh_key_form": form,
+            "ssh_key_errors": draft.get("errors") or {}}

@@ -1,0 +1,93 @@
+"""The API's switches (CORS origins, anonymous read) and its last-resort
+error handling, through Django's full request stack in this process, where
+settings can be changed per test."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.urls import path
+
+from jobs.api.auth import Access
+from jobs.api.http import handler, resource
+from jobs.services import job_submit, tokens
+from tests.helpers import config, role
+
+
+@handler(Access.PUBLIC)
+def _broken(request):
+    raise RuntimeError("a bug")
+
+
+# Routes for the last test only (pytest.mark.urls points here).
+urlpatterns = [path("api/v1/broken", resource(GET=_broken))]
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client()
+
+
+def _auth(user) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": f"Bearer {tokens.token_create(user=user, lifetime=timedelta(hours=1)).key}"}
+
+
+def test_it_answers_allowed_origins_only(client, alice, settings):
+    settings.CORS_ALLOWED_ORIGINS = ["https://tools.example"]
+    allowed = client.get("/api/v1/jobs", HTTP_ORIGIN="https://tools.example", **_auth(alice))
+    assert allowed.status_code == 200
+    assert allowed["Access-Control-Allow-Origin"] == "https://tools.example" and "Origin" in allowed["Vary"]
+    assert "X-Total-Count" in allowed["Access-Control-Expose-Headers"]
+    assert "Access-Control-Allow-Credentials" not in allowed  # tokens, never cookies, cross-origin
+    preflight = client.options("/api/v1/user/x/jobs", HTTP_ORIGIN="https://tools.example",
+                               HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST")
+    assert preflight.status_code == 204
+    assert preflight["Access-Control-Allow-Methods"] == "GET, HEAD, OPTIONS, POST"
+    assert "Authorization" in preflight["Access-Control-Allow-Headers"]
+    other = client.get("/api/v1/jobs", HTTP_ORIGIN="https://elsewhere.example", **_auth(alice))
+    assert "Access-Control-Allow-Origin" not in other
+    settings.CORS_ALLOWED_ORIGINS = ["*"]
+    assert client.get("/api/v1", HTTP_ORIGIN="https://any.example")["Access-Control-Allow-Origin"] == "*"
+
+
+def test_anonymous_read_opens_job_list_and_status_only(client, alice, settings):
+    job = job_submit(owner=alice, config=json.dumps(config("public", role())))
+    base = f"/api/v1/user/{alice.username}/jobs/{job.name}"
+    assert client.get("/api/v1/jobs").status_code == 401  # off by default
+    settings.API_ANONYMOUS_READ = True
+    assert job.name in [j["name"] for j in client.get("/api/v1/jobs").json()]
+    assert client.get(f"/api/v1/user/{alice.username}/jobs").json()[0]["name"] == job.name
+    assert client.get(base).json()["jobStatus"]["username"] == alice.username
+    for closed in (base + "/config", base + "/ssh", base + "/ssh/key", base + "/tasks/main/0/log",
+                   "/api/v1/virtual-clusters"):
+        response = client.get(closed)
+        assert response.status_code == 401 and response.json()["code"] == "UnauthorizedUserError", closed
+    stop = client.put(base + "/executionType", json.dumps({"value": "STOP"}), content_type="application/json")
+    assert stop.status_code == 401
+
+
+@pytest.mark.urls("tests.test_api_settings")
+def test_an_unexpected_error_is_a_json_500_without_details(client):
+    response = client.get("/api/v1/broken")
+    assert response.status_code == 500
+    assert response.json() == {"code": "UnknownError",
+                               "message": "The server failed to handle this request; the error is in the portal's log."}
+
+
+def test_it_refuses_bodies_over_the_upload_limit(client, alice, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2048
+    response = client.post(f"/api/v1/user/{alice.username}/jobs", "x" * 4096, content_type="application/json",
+                           **_auth(alice))
+    assert response.status_code == 413 and response.json()["code"] == "RequestTooLargeError"
+
+
+def test_a_job_without_a_stored_config_answers_no_job_config_error(client, alice):
+    # Jobs made by the API always keep their config; a row brought in some
+    # other way (an import, an old schema) may not, and says so.
+    job = job_submit(owner=alice, config=json.dumps(config("legacy", role())))
+    type(job).objects.filter(pk=job.pk).update(config_raw="")
+    response = client.get(f"/api/v1/user/{alice.username}/jobs/legacy/config", **_auth(alice))
+    assert response.status_code == 404 and response.json()["code"] == "NoJobConfigError"

@@ -4,7 +4,12 @@
     lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
     scheduling  schedule_pass
     nodes       node_register, node_heartbeat, nodes_mark_lost
-    cluster     vc_usage, node_usage, queue_position, never_fits_reason (read-only)
+    cluster     vc_usage, node_usage, queue_position, never_fits_reason, config_fit (read-only)
+    listing     the job list's filters, sorting and pages (read-only)
+    access      port links, Jupyter and SSH access, idle notices; users' SSH keys
+    tokens      API tokens: create, authenticate, revoke
+    users       admin user management for the REST API
+    ratelimit   failed-login limits (API and login form)
 """
 
 from jobs.services.lifecycle import (

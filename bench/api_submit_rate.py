@@ -127,7 +127,7 @@ def _in_parallel(clients: int, jobs: int, work: Callable[[int, list[int]], None]
 def portal_rate(jobs: int, clients: int, *, run_jobs: bool) -> float:
     stack = Stack("api-submit-rate")
     try:
-        stack.start(agent_args=["--cpus", "4", "--memory-mb", "8192", "--ports", "42000-42999"])
+        stack.start(agent_args=["--cpus", "4", "--memory-mb", "8192", "--ports", "18000-18999"])
         _setup_portal(stack)
         status, body = Client(stack.base_url).call("POST", "/api/v1/token", {"username": USER, "password": PASSWORD})
         assert status == 200, body

@@ -125,7 +125,7 @@ def main() -> None:
     stack = Stack("latency")
     try:
         stack.start(agent_args=["--cpus", str(max(64, args.capacity * 2)), "--memory-mb", str(max(65536, args.capacity * 256)),
-                                "--ports", "40000-40999"])
+                                "--ports", "19000-19999"])
         password = "bench-password-1"
         subprocess.run([sys.executable, "manage.py", "shell", "-c",
                         f"from jobs.models import User; User.objects.create_user('bench', password='{password}')"],

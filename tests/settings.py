@@ -14,9 +14,11 @@ _ROOT = Path(__file__).resolve().parent.parent
 # Each pytest session gets its own folder, label, subnets and host ports, so
 # two test runs on one machine (or one beside a live portal) never collide.
 RUN_ID = os.environ.get("PORTAL_TEST_RUN") or str(os.getpid())
-_slot = int(RUN_ID) % 50 if RUN_ID.isdigit() else 0
+_slot = int(RUN_ID) % 18 if RUN_ID.isdigit() else 0
 TEST_VAR = _ROOT / "var" / "test" / f"run-{RUN_ID}"
-PORT_BASE = 30000 + _slot * 600  # agents take ranges from here (see tests/cluster.py)
+# Agents take ranges from here (see tests/cluster.py): 21000-32399, below
+# Linux's ephemeral ports (32768-60999), which any client may hold.
+PORT_BASE = 21000 + _slot * 600
 REDIS_SOCKET = TEST_VAR / "redis.sock"
 REDIS_PASSWORD = "test-redis-password"
 

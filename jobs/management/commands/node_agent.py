@@ -1,7 +1,7 @@
 """Run the node agent for this machine (or a second, simulated node on it).
 
     manage.py node_agent --name gpu-01 --address 10.0.0.5
-    manage.py node_agent --name sim-a --ports 31000-31099 --gpus 4 --gpu-type V100
+    manage.py node_agent --name sim-a --ports 21000-21099 --gpus 4 --gpu-type V100
 
 CPUs and memory come from the OS unless given; GPUs from nvidia-smi unless
 --gpus declares simulated ones (allocated and exposed through the usual
@@ -68,6 +68,17 @@ def port_range(text: str) -> tuple[int, int]:
     return start, end
 
 
+def ephemeral_overlap(start: int, end: int) -> tuple[int, int] | None:
+    """The kernel's range for outgoing connections' local ports, if ours
+    overlaps it: a port there may be taken by any client at any moment, and
+    a task given it would fail to start ("address already in use")."""
+    try:
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        return None
+    return (low, high) if start <= high and low <= end else None
+
+
 class Command(BaseCommand):
     help = "Run this machine's node agent: register, heartbeat, launch and watch task containers."
 
@@ -87,6 +98,11 @@ class Command(BaseCommand):
         except Exception:
             raise CommandError(f"--name {options['name']!r}: letters, digits, - _ and . only") from None
         start, end = port_range(options["ports"])
+        overlap = ephemeral_overlap(start, end)
+        if overlap:
+            self.stderr.write(f"warning: --ports {start}-{end} overlaps the kernel's ephemeral ports "
+                              f"{overlap[0]}-{overlap[1]} (net.ipv4.ip_local_port_range); tasks may fail to "
+                              f"bind their ports. Choose a range outside it.")
         engine = launcher.Engine(options["docker_host"])
         try:
             engine_info = engine.info()

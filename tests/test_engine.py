@@ -40,17 +40,20 @@ def test_it_reports_a_failing_command_with_its_exit_code(alice):
 
 
 def test_it_runs_a_two_node_job_whose_tasks_talk_through_the_environment(alice):
-    # Each task needs 10 of a node's 16 CPUs, so the two land on different nodes.
-    server = role("ps", "nc -l -p $PAI_CONTAINER_HOST_http_PORT_LIST > /tmp/got && cat /tmp/got", cpus=10,
+    # Each task needs 10 of a node's 16 CPUs, so the two land on different
+    # nodes. The server answers HTTP (retried by the client until it is up);
+    # the job succeeds once the client has read the server's page.
+    server = role("ps", "mkdir /www && echo served-by-$PAI_CURRENT_TASK_ROLE_NAME > /www/index.html && "
+                  "exec httpd -f -h /www -p $PAI_CONTAINER_HOST_http_PORT_LIST", cpus=10,
                   portList=[{"label": "http", "beginAt": 0, "portNumber": 1}])
-    client = role("worker", cpus=10, command=(
-        "for i in $(seq 50); do echo hi-from-$PAI_CURRENT_TASK_ROLE_NAME | "
-        "nc $PAI_HOST_IP_ps_0 $PAI_PORT_LIST_ps_0_http && exit 0; sleep 0.2; done; exit 1"))
+    client = role("worker", cpus=10, minSucceededTaskCount=1, command=(
+        "for i in $(seq 100); do wget -qO- http://$PAI_HOST_IP_ps_0:$PAI_PORT_LIST_ps_0_http/ && exit 0; "
+        "sleep 0.2; done; exit 1"))
     job = wait_state(submit(alice, config("dist", server, client)), State.SUCCEEDED, State.FAILED)
     assert job.state == State.SUCCEEDED, job.exit_reason
     nodes = set(TaskAttempt.objects.filter(job=job).values_list("node_name", flat=True))
     assert len(nodes) == 2
-    assert lines(job, role="ps") == ["hi-from-worker"]
+    assert lines(job, role="worker") == ["served-by-ps"]
 
 
 def test_it_kills_a_memory_hog_and_says_so(alice):

@@ -159,7 +159,7 @@ class Runner:
     def _launch(self, attempt_id: int) -> str:
         ctx = load_context(attempt_id)
         node = self.agent.node
-        auth = self._registry_auth(ctx.spec, ctx.job.owner.username)
+        auth = self._registry_auth(ctx.spec)
         if not self.engine.has_image(ctx.spec.image):
             write_note(attempt_id, f"pulling image {ctx.spec.image}")
             self.engine.ensure_image(ctx.spec.image, auth)
@@ -184,11 +184,11 @@ class Runner:
         )
         return self.engine.run(spec)
 
-    def _registry_auth(self, spec: JobSpec, owner: str) -> launcher.RegistryAuth | None:
+    def _registry_auth(self, spec: JobSpec) -> launcher.RegistryAuth | None:
         if not spec.auth_file:
             return None
         try:
-            data = storage.read_small_file(spec.auth_file, max_bytes=64 * 1024, user_name=owner)
+            data = storage.read_small_file(spec.auth_file, max_bytes=64 * 1024)
             registry, username, password = storage.parse_auth_file(data)
         except storage.StorageError as exc:
             raise launcher.LaunchError(ExitType.IMAGE_PULL, f"could not read authFile: {exc}") from None
@@ -223,8 +223,7 @@ class Runner:
             shutil.rmtree(partial, ignore_errors=True)
             folder.mkdir(parents=True, exist_ok=True)
             try:
-                size = storage.stage_tree(ctx.spec.code_dir, partial, max_bytes=settings.CODE_DIR_MAX_MB * MB,
-                                          user_name=ctx.job.owner.username)
+                size = storage.stage_tree(ctx.spec.code_dir, partial, max_bytes=settings.CODE_DIR_MAX_MB * MB)
             except storage.StorageError as exc:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise launcher.LaunchError(ExitType.PLATFORM, f"could not fetch codeDir {ctx.spec.code_dir}: {exc}") from None
@@ -383,7 +382,7 @@ class TaskWatcher(threading.Thread):
                 folder = Path(tmp) / "output"
                 if not folder.is_dir() or not any(folder.iterdir()):
                     return
-                size = storage.upload_tree(folder, target, user_name=attempt.job.owner.username)
+                size = storage.upload_tree(folder, target)
                 write_note(self.attempt_id, f"uploaded /pai/output ({size} bytes) to {target}")
             except (storage.StorageError, tarfile.TarError, OSError) as exc:
                 write_note(self.attempt_id, f"could not upload /pai/output to {target}: {exc}")

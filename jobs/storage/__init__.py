@@ -158,7 +158,7 @@ def _read_limited(path: str, *, max_bytes: int) -> bytes:
         raise StorageError(f"{to_uri(path)} is a folder; expected a file")
     if entry.size > max_bytes:
         raise StorageError(f"{to_uri(path)} is larger than {max_bytes} bytes")
-    with backend().open_read(path) as stream:
+    with backend().open_read(path, entry=entry) as stream:
         data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise StorageError(f"{to_uri(path)} is larger than {max_bytes} bytes")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,11 +24,14 @@ CHUNK = 1024 * 1024
 class Entry:
     """A file or folder: what a listing row and a stat show."""
 
-    name: str
     path: str
     is_dir: bool
     size: int
     modified: datetime | None
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
 
 
 class Backend(ABC):
@@ -45,12 +48,14 @@ class Backend(ABC):
         """A folder's entries (StorageNotFound / StorageError if not a folder)."""
 
     @abstractmethod
-    def open_read(self, path: str) -> AbstractContextManager[BinaryIO]:
-        """A readable binary stream of the file at `path`."""
+    def _open(self, path: str) -> AbstractContextManager[BinaryIO]:
+        """A readable binary stream of the file at `path` (open_read has
+        checked that it is a file)."""
 
     @abstractmethod
-    def write(self, path: str, stream: BinaryIO, *, overwrite: bool = False) -> int:
-        """Store `stream` at `path` (parents made) without holding it in memory."""
+    def _write(self, path: str, stream: BinaryIO, *, overwrite: bool) -> int:
+        """Store `stream` at `path` (parents made) without holding it in
+        memory; `write` has checked what is there."""
 
     @abstractmethod
     def mkdir(self, path: str) -> None:
@@ -68,9 +73,29 @@ class Backend(ABC):
             raise StorageNotFound(f"{path} does not exist")
         return entry
 
-    def iter_bytes(self, path: str) -> Iterator[bytes]:
+    @contextmanager
+    def open_read(self, path: str, *, entry: Entry | None = None) -> Iterator[BinaryIO]:
+        """A readable binary stream of the file at `path`. Callers that have
+        just looked the path up pass its `entry` to save asking again."""
+        if entry is None:
+            entry = self.require(path)
+        if entry.is_dir:
+            raise StorageError(f"{path} is a folder; expected a file")
+        with self._open(path) as stream:
+            yield stream
+
+    def write(self, path: str, stream: BinaryIO, *, overwrite: bool = False) -> int:
+        """Store `stream` at `path` (parents made) without holding it in memory."""
+        existing = self.stat(path)
+        if existing is not None and existing.is_dir:
+            raise StorageError(f"{path} is a folder; a file cannot replace it")
+        if existing is not None and not overwrite:
+            raise StorageError(f"{path} already exists")
+        return self._write(path, stream, overwrite=overwrite)
+
+    def iter_bytes(self, path: str, *, entry: Entry | None = None) -> Iterator[bytes]:
         """The file's content in chunks (for streamed downloads)."""
-        with self.open_read(path) as stream:
+        with self.open_read(path, entry=entry) as stream:
             while chunk := stream.read(CHUNK):
                 yield chunk
 
@@ -97,7 +122,7 @@ class Backend(ABC):
             if total + entry.size > max_bytes:
                 raise StorageError(f"{path} holds more than {_megabytes(max_bytes)} (the limit for a code folder); "
                                    "keep code small and put data in dataDir")
-            with self.open_read(entry.path) as source, open(target, "wb") as out:
+            with self.open_read(entry.path, entry=entry) as source, open(target, "wb") as out:
                 total += _copy_limited(source, out, max_bytes - total, path)
         return total
 

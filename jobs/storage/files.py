@@ -114,7 +114,7 @@ def file_read(reader: Reader, path: str) -> tuple[Entry, Iterator[bytes]]:
     entry = storage.backend().require(path)
     if entry.is_dir:
         raise StorageError(f"{path} is a folder; expected a file")
-    return entry, storage.backend().iter_bytes(path)
+    return entry, storage.backend().iter_bytes(path, entry=entry)
 
 
 def path_info(reader: Reader, path: str) -> Entry:

@@ -48,7 +48,7 @@ class LocalBackend(Backend):
         if not (stat_module.S_ISDIR(info.st_mode) or stat_module.S_ISREG(info.st_mode)):
             return None  # symlinks, sockets, fifos: not ours to show
         return Entry(
-            name=path.rsplit("/", 1)[-1], path=path, is_dir=stat_module.S_ISDIR(info.st_mode),
+            path=path, is_dir=stat_module.S_ISDIR(info.st_mode),
             size=0 if stat_module.S_ISDIR(info.st_mode) else info.st_size,
             modified=datetime.fromtimestamp(info.st_mtime, tz=UTC),
         )
@@ -70,24 +70,18 @@ class LocalBackend(Backend):
         return [entry for entry in entries if entry is not None]
 
     @contextmanager
-    def open_read(self, path: str) -> Iterator[BinaryIO]:
-        entry = self.require(path)
-        if entry.is_dir:
-            raise StorageError(f"{path} is a folder; expected a file")
+    def _open(self, path: str) -> Iterator[BinaryIO]:
         try:
             stream = open(self._real(path), "rb")
+        except FileNotFoundError:  # removed since it was looked up
+            raise StorageNotFound(f"{path} does not exist") from None
         except OSError as exc:
             raise _error(path, exc) from None
         with stream:
             yield stream
 
-    def write(self, path: str, stream: BinaryIO, *, overwrite: bool = False) -> int:
+    def _write(self, path: str, stream: BinaryIO, *, overwrite: bool) -> int:
         real = self._real(path)
-        existing = self._entry(path, real)
-        if existing is not None and existing.is_dir:
-            raise StorageError(f"{path} is a folder; a file cannot replace it")
-        if existing is not None and not overwrite:
-            raise StorageError(f"{path} already exists")
         self.mkdir(path.rsplit("/", 1)[0] or "/")
         # Write beside the target, then move it in whole: readers never see
         # half a file, and a failed upload leaves the old one in place.

@@ -52,25 +52,22 @@ class WebHdfsBackend(Backend):
 
     def list(self, path: str) -> list[Entry]:
         with self._errors(path):
-            entry = self.require(path)
-            if not entry.is_dir:
-                raise StorageError(f"{path} is a file; expected a folder")
-            statuses = self.client.list(path, status=True)
+            try:
+                statuses = self.client.list(path, status=True)
+            except HdfsError as exc:
+                # HdfsCLI's own error for a file (a file lists itself in
+                # LISTSTATUS); a missing path is HDFS's FileNotFoundException.
+                if exc.exception is None and "is not a directory" in exc.message:
+                    raise StorageError(f"{path} is a file; expected a folder") from None
+                raise
         return [_entry(join(path, name), status) for name, status in statuses]
 
     @contextmanager
-    def open_read(self, path: str) -> Iterator[BinaryIO]:
-        if self.require(path).is_dir:
-            raise StorageError(f"{path} is a folder; expected a file")
+    def _open(self, path: str) -> Iterator[BinaryIO]:
         with self._errors(path), self.client.read(path) as stream:
             yield stream
 
-    def write(self, path: str, stream: BinaryIO, *, overwrite: bool = False) -> int:
-        existing = self.stat(path)
-        if existing is not None and existing.is_dir:
-            raise StorageError(f"{path} is a folder; a file cannot replace it")
-        if existing is not None and not overwrite:
-            raise StorageError(f"{path} already exists")
+    def _write(self, path: str, stream: BinaryIO, *, overwrite: bool) -> int:
         with self._errors(path):
             self.client.write(path, data=_body(stream), overwrite=overwrite)
             status = self.client.status(path)
@@ -115,7 +112,7 @@ class _Body:
 def _entry(path: str, status: dict[str, Any]) -> Entry:
     modified = status.get("modificationTime")
     return Entry(
-        name=path.rsplit("/", 1)[-1], path=path, is_dir=status.get("type") == "DIRECTORY",
+        path=path, is_dir=status.get("type") == "DIRECTORY",
         size=int(status.get("length", 0)) if status.get("type") != "DIRECTORY" else 0,
         modified=datetime.fromtimestamp(modified / 1000, tz=UTC) if modified else None,
     )

@@ -6,14 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from urllib.parse import urlencode
-
 from django import template
-from django.urls import reverse
 
 from jobs import storage
 from jobs.models import Job
 from jobs.storage import access
+from jobs.views.storage import folder_url
 
 register = template.Library()
 
@@ -39,9 +37,9 @@ def job_storage_links(context: dict[str, Any], job: Job) -> list[StorageLink]:
         if not value:
             continue
         try:
-            path = storage.locate(value, user_name=job.owner.username)
+            path = storage.locate(value)  # stored configs hold full URIs
         except storage.StorageError:
             links.append(StorageLink(field, value, ""))
             continue
-        links.append(StorageLink(field, value, reverse("jobs:storage") + "?" + urlencode({"path": path}) if access.may_read(reader, path) else ""))
+        links.append(StorageLink(field, value, folder_url(path) if access.may_read(reader, path) else ""))
     return links

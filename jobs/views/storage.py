@@ -46,7 +46,7 @@ def folder_url(path: str) -> str:
     return reverse("jobs:storage") + "?" + urlencode({"path": path})
 
 
-def _back(request: HttpRequest, folder: str) -> HttpResponseRedirect:
+def _back(folder: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(folder_url(folder))
 
 
@@ -86,9 +86,9 @@ def make_folder(request: HttpRequest) -> HttpResponse:
         made = files.folder_create(_reader(request), folder, request.POST.get("name", "").strip())
     except storage.StorageError as exc:
         messages.error(request, f"Could not make the folder: {exc}")
-        return _back(request, folder or "/")
+        return _back(folder or "/")
     messages.success(request, f"Made folder {made}.")
-    return _back(request, made if made == folder else folder)
+    return _back(folder)
 
 
 @require_POST
@@ -109,14 +109,14 @@ def upload(request: HttpRequest) -> HttpResponse:
         if wants_json:
             return JsonResponse({"error": str(exc)}, status=_status(exc))
         messages.error(request, f"Upload refused: {exc}")
-        return _back(request, folder or "/")
+        return _back(folder or "/")
     finally:
         for item in uploaded:
             item.close()  # removes Django's temporary file now, not at GC
     if wants_json:
         return JsonResponse({"saved": saved})
     messages.success(request, f"Uploaded {len(saved)} file(s).")
-    return _back(request, folder)
+    return _back(folder)
 
 
 @require_http_methods(["GET", "POST"])
@@ -136,6 +136,6 @@ def delete(request: HttpRequest) -> HttpResponse:
         if request.method == "GET":
             return render(request, "jobs/storage.html", {"error": str(exc), "reader": reader}, status=_status(exc))
         messages.error(request, f"Could not delete: {exc}")
-        return _back(request, paths.parent(raw) if raw.startswith("/") else reader.home)
+        return _back(paths.parent(raw) if raw.startswith("/") else reader.home)
     messages.success(request, f"Deleted {path}.")
-    return _back(request, paths.parent(path))
+    return _back(paths.parent(path))

@@ -21,13 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.stack import free_port
+
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def missing_programs() -> list[str]:
@@ -83,8 +79,8 @@ class Slurm:
         self.conf.write_text(f"""\
 ClusterName=bench
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

@@ -14,7 +14,6 @@ of the cluster, so nothing fuzzed ever starts a container.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

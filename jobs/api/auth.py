@@ -11,11 +11,10 @@ from __future__ import annotations
 from enum import Enum
 
 from django.conf import settings
-from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
 
-from jobs.api.errors import ApiError, forbidden, unauthorized
+from jobs.api.errors import forbidden, unauthorized
 from jobs.services import tokens
 
 
@@ -65,9 +64,8 @@ def authenticate(request: HttpRequest, access: Access) -> None:
         if request.method not in ("GET", "HEAD", "OPTIONS", "TRACE"):
             _enforce_csrf(request)
     elif access is Access.READ and settings.API_ANONYMOUS_READ:
-        request.user = AnonymousUser()
         return
     else:
         raise unauthorized()
     if access is Access.ADMIN and not request.user.is_admin:
-        raise ApiError("ForbiddenUserError", "Non-admin is not allowed to do this operation.")
+        raise forbidden("Non-admin is not allowed to do this operation.")

@@ -20,6 +20,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from jobs.api.auth import Access, authenticate
 from jobs.api.errors import ApiError, error_response, invalid
+from jobs.services import SubmitError
+from jobs.services.users import UserError
 from jobs.spec import SpecError
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,10 @@ def _dispatch(request: HttpRequest, function: Handler | None, allow: str, kwargs
         return exc.response()
     except SpecError as exc:
         return error_response("InvalidParametersError", str(exc), extra={"problems": [p.as_dict() for p in exc.problems]})
+    except SubmitError as exc:  # the services' refusals carry OpenPAI's code names already
+        return error_response(exc.code, exc.message, extra={"field": exc.field} if exc.field else None)
+    except UserError as exc:
+        return error_response(exc.code, exc.message)
     except RequestDataTooBig:
         return error_response("RequestTooLargeError",
                               f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 1024} KB.")
@@ -192,7 +198,7 @@ def api_url(request: HttpRequest, route: str, **kwargs: Any) -> str:
     return request.build_absolute_uri(reverse(f"{namespace or 'api'}:{route}", kwargs=kwargs))
 
 
-def no_api(request: HttpRequest, path: str = "") -> HttpResponse:
+def no_api(request: HttpRequest) -> HttpResponse:
     response = error_response("NoApiError", f"There is no API at {request.path}; see {_docs_hint(request)}.")
     _cors(request, response)
     return response

@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from jobs import spec
+from jobs.models import State, Stream, TaskState
 from jobs.services import tokens
 
 Schema = dict[str, Any]
 
-JOB_STATES = ["WAITING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"]
-TASK_STATES = ["WAITING", "ASSIGNED", "LAUNCHING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
+JOB_STATES = list(State.values)
+# The API calls a task with no container yet WAITING, before the stored states.
+TASK_STATES = ["WAITING", *TaskState.values]
 
 
 def ref(name: str) -> Schema:
@@ -297,7 +299,7 @@ def _paths() -> dict[str, Schema]:
                            path_param("index", "the task's index", {"type": "integer", "minimum": 0})],
             "get": operation("Read a task's log", {**answer(200, "Lines after the cursor.", ref("LogPage")),
                                                    **errors(400, 401, 404)}, tag="access", parameters=[
-                query_param("stream", "which output", {"type": "string", "enum": ["stdout", "stderr", "platform"]}),
+                query_param("stream", "which output", {"type": "string", "enum": list(Stream.labels)}),
                 query_param("after", "cursor: `next` of the previous page (-1 or absent: from the start)",
                             {"type": "integer", "minimum": -1}),
                 query_param("limit", "lines at most", {"type": "integer", "minimum": 1, "maximum": 5000}),

@@ -72,12 +72,12 @@ def gpu_bitmap(indices: list[int]) -> int:
     return bitmap
 
 
-def latest_attempts(job: Job) -> dict[tuple[str, int], TaskAttempt]:
+def latest_attempts(job: Job) -> dict[int, TaskAttempt]:
     """Each task's container in the job's current attempt (or, while a retry
-    waits to be placed, in the latest attempt that has one)."""
-    latest: dict[tuple[str, int], TaskAttempt] = {}
-    for attempt in TaskAttempt.objects.filter(job=job).select_related("task").order_by("number", "id"):
-        latest[(attempt.task.role, attempt.task.index)] = attempt
+    waits to be placed, in the latest attempt that has one), by task id."""
+    latest: dict[int, TaskAttempt] = {}
+    for attempt in TaskAttempt.objects.filter(job=job).order_by("number", "id"):
+        latest[attempt.task_id] = attempt
     return latest
 
 

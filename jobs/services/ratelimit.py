@@ -17,10 +17,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
+from django.contrib.auth import authenticate
 from django.core.cache import cache
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest
+
+from jobs.models import User
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +99,47 @@ def login_reset(*, username: str = "", address: str = "") -> None:
         cache.delete_many(keys)
     except Exception:
         log.warning("login rate limit unavailable", exc_info=True)
+
+
+class LoginThrottled(Exception):
+    """Too many failed logins: the next try must wait `wait` seconds."""
+
+    def __init__(self, wait: int) -> None:
+        self.wait = wait
+        self.message = f"Too many failed logins; try again in {wait} seconds."
+        super().__init__(self.message)
+
+
+class LoginFailed(Exception):
+    """The username or password is wrong (which one is not said)."""
+
+
+def attempt_login(request: HttpRequest, *, username: str, password: str = "",
+                  check: Callable[[], User | None] | None = None) -> User | None:
+    """One login under the limit, for the API and the web login form alike.
+
+    Raises LoginThrottled while `username` or the client's address must wait.
+    Otherwise checks the password with authenticate() and returns the user,
+    or raises LoginFailed. A form passes its own `check` instead: it returns
+    the user, None when nothing was tried (a field was missing), or raises
+    ValidationError. A failure is counted; a success clears the username's count.
+    """
+    address = client_address(request)
+    wait = login_wait_seconds(username=username, address=address)
+    if wait:
+        raise LoginThrottled(wait)
+    try:
+        user = check() if check else _authenticated(request, username=username, password=password)
+    except (LoginFailed, ValidationError):
+        login_failed(username=username, address=address)
+        raise
+    if user is not None:
+        login_succeeded(username=username)
+    return user
+
+
+def _authenticated(request: HttpRequest, *, username: str, password: str) -> User:
+    user = authenticate(request, username=username, password=password)
+    if user is None:
+        raise LoginFailed
+    return user

@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs.models import ApiToken, User
@@ -46,8 +47,8 @@ def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToke
     token = ApiToken.objects.create(
         user=user, key_hash=_hash(key), prefix=key[:12], label=label[:100], created_at=now, expires_at=now + lifetime
     )
-    ApiToken.objects.filter(user=user, expires_at__lt=now - KEEP_DEAD_TOKENS).delete()
-    ApiToken.objects.filter(user=user, revoked_at__lt=now - KEEP_DEAD_TOKENS).delete()
+    long_dead = now - KEEP_DEAD_TOKENS
+    ApiToken.objects.filter(Q(expires_at__lt=long_dead) | Q(revoked_at__lt=long_dead), user=user).delete()
     return NewToken(token=token, key=key)
 
 

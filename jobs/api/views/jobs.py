@@ -19,6 +19,7 @@ from jobs.api.auth import Access
 from jobs.api.errors import ApiError, forbidden, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, json_body, ok, optional_int_param, resource
 from jobs.models import Job, Task, User
+from jobs.services import listing
 from jobs.spec import decode_text
 
 MAX_PAGE = 1000
@@ -42,14 +43,16 @@ def _page(request: HttpRequest, jobs: QuerySet[Job]) -> HttpResponse:
     """All jobs, newest first, as OpenPAI answered; with `limit` (and
     `offset`) one page of them, the total in X-Total-Count and the next page
     in a Link header. Clients that send neither get the whole list."""
-    jobs = serializers.jobs_for_list(jobs)
     limit = optional_int_param(request.GET, "limit", minimum=1, maximum=MAX_PAGE)
     offset = int_param(request.GET, "offset", default=0, minimum=0, maximum=10**9)
     if limit is None and not offset:
-        return ok([serializers.job_summary(job) for job in jobs])
+        return ok([serializers.job_summary(job) for job in serializers.jobs_for_list(jobs)])
     total = jobs.count()
     size = limit or MAX_PAGE
-    page = [serializers.job_summary(job) for job in jobs[offset:offset + size]]
+    # The page's ids first, then only its rows, as the web list does: a deep
+    # offset then walks an index instead of loading every row before it.
+    ids = list(jobs.values_list("pk", flat=True)[offset:offset + size])
+    page = [serializers.job_summary(job) for job in listing.jobs_by_ids(ids)]
     headers = {"X-Total-Count": str(total)}
     if offset + size < total:
         query = request.GET.copy()
@@ -86,17 +89,10 @@ def _accepted(request: HttpRequest, job: Job) -> HttpResponse:
     return ok({"message": f"update job {job.name} successfully"}, status=202, headers={"Location": location})
 
 
-def _submit(owner: User, config: str | bytes) -> Job:
-    try:
-        return services.job_submit(owner=owner, config=config)
-    except services.SubmitError as exc:
-        raise ApiError(exc.code, exc.message, extra={"field": exc.field} if exc.field else None) from None
-
-
 @handler(Access.USER)
 def _submit_named_in_body(request: HttpRequest, username: str) -> HttpResponse:
     owner = _submitter(request, username)
-    return _accepted(request, _submit(owner, request.body))
+    return _accepted(request, services.job_submit(owner=owner, config=request.body))
 
 
 def _with_name(body: bytes, name: str) -> str:
@@ -120,7 +116,7 @@ def _with_name(body: bytes, name: str) -> str:
 @handler(Access.USER)
 def _submit_named_in_path(request: HttpRequest, username: str, name: str) -> HttpResponse:
     owner = _submitter(request, username)
-    return _accepted(request, _submit(owner, _with_name(request.body, name)))
+    return _accepted(request, services.job_submit(owner=owner, config=_with_name(request.body, name)))
 
 
 @handler(Access.READ)
@@ -134,7 +130,7 @@ def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
     task_roles = {}
     for role in roles:
         statuses = [
-            serializers.task_status(task, attempts.get((role, task.index)), api_url(
+            serializers.task_status(task, attempts.get(task.pk), api_url(
                 request, "task_log", username=username, name=name, role=role, index=task.index))
             for task in tasks.get(role, [])
         ]

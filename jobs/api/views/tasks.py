@@ -13,10 +13,10 @@ from jobs.api.http import api_url, handler, int_param, ok, optional_int_param, r
 from jobs.api.views.jobs import find_job
 from jobs.logs import read_lines
 from jobs.models import ACTIVE_TASK_STATES, Stream, Task, TaskAttempt
-from jobs.services.access import ssh_access
+from jobs.services.access import ssh_access, ssh_key_file_name
 from jobs.views import access as web_access
 
-STREAMS = {"stdout": Stream.STDOUT, "stderr": Stream.STDERR, "platform": Stream.PLATFORM}
+STREAMS = {stream.label: stream for stream in Stream}  # stdout, stderr, platform
 MAX_LINES = 5000
 
 
@@ -42,7 +42,7 @@ def _ssh(request: HttpRequest, username: str, name: str) -> HttpResponse:
         "keyPair": {
             "folderPath": key_url.rsplit("/", 1)[0],
             "publicKeyFileName": f"{job.name}.pub",
-            "privateKeyFileName": f"{job.name}.key",
+            "privateKeyFileName": ssh_key_file_name(job),
             # Only the owner may download the private key, even among admins.
             "privateKeyDirectDownloadLink": key_url if is_owner else None,
             "publicKey": job.ssh_public_key,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.contrib.auth import authenticate
 from django.http import HttpRequest, HttpResponse
 
 from jobs.api.auth import Access
@@ -21,18 +20,14 @@ def _create(request: HttpRequest) -> HttpResponse:
     seconds = int_param(params, "expiration", default=tokens.API_DEFAULT_SECONDS,
                         minimum=tokens.API_MIN_SECONDS, maximum=tokens.API_MAX_SECONDS)
     label = string_param(params, "label", required=False, max_length=100) or "POST /api/v1/token"
-    address = ratelimit.client_address(request)
-    wait = ratelimit.login_wait_seconds(username=username, address=address)
-    if wait:
-        raise ApiError("TooManyRequestsError", f"Too many failed logins; try again in {wait} seconds.",
-                       headers={"Retry-After": str(wait)})
-    user = authenticate(request, username=username, password=password)
-    if user is None:
-        ratelimit.login_failed(username=username, address=address)
+    try:
+        user = ratelimit.attempt_login(request, username=username, password=password)
+    except ratelimit.LoginThrottled as exc:
+        raise ApiError("TooManyRequestsError", exc.message, headers={"Retry-After": str(exc.wait)}) from None
+    except ratelimit.LoginFailed:
         # One answer for an unknown user and a wrong password, so the
         # endpoint does not tell which usernames exist.
-        raise ApiError("IncorrectPasswordError", "The username or password is incorrect.")
-    ratelimit.login_succeeded(username=username)
+        raise ApiError("IncorrectPasswordError", "The username or password is incorrect.") from None
     made = tokens.token_create(user=user, lifetime=timedelta(seconds=seconds), label=label)
     return ok({"token": made.key, "user": user.username, "admin": user.is_admin,
                "expiresAt": made.token.expires_at.isoformat()})

@@ -4,8 +4,6 @@ password."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest, HttpResponse
 
 from jobs.api import serializers
@@ -21,13 +19,6 @@ def _user_named(username: str) -> User:
     if user is None:
         raise ApiError("NoUserError", f"User {username} is not found.")
     return user
-
-
-def _call(function: Any, **kwargs: Any) -> Any:
-    try:
-        return function(**kwargs)
-    except users.UserError as exc:
-        raise ApiError(exc.code, exc.message) from None
 
 
 @handler(Access.ADMIN)
@@ -53,11 +44,11 @@ def _put(request: HttpRequest) -> HttpResponse:
         target = _user_named(username)
         if target.pk == me.pk and admin is False:
             raise forbidden("You cannot take away your own admin rights.")
-        _call(users.user_update, user=target, password=password, admin=admin)
+        users.user_update(user=target, password=password, admin=admin)
     else:
         if password is None:
             raise invalid("password is required to create a user.")
-        _call(users.user_create, username=username, password=password, admin=bool(admin))
+        users.user_create(username=username, password=password, admin=bool(admin))
     return ok({"message": "update successfully"}, status=201)
 
 
@@ -67,7 +58,7 @@ def _delete(request: HttpRequest) -> HttpResponse:
     username = string_param(params, "username", required=False, max_length=64) or request.GET.get("username")
     if not username:
         raise invalid("username is required (in the JSON body, or as ?username=).")
-    _call(users.user_delete, user=_user_named(username), by=request.user)
+    users.user_delete(user=_user_named(username), by=request.user)
     return ok({"message": "remove successfully"})
 
 
@@ -80,7 +71,7 @@ def _set_virtual_clusters(request: HttpRequest, username: str) -> HttpResponse:
         names = value
     else:
         raise invalid('virtualClusters is required: names separated by commas ("vc1,vc2") or a list of names.')
-    _call(users.user_set_virtual_clusters, user=_user_named(username), names=names)
+    users.user_set_virtual_clusters(user=_user_named(username), names=names)
     return ok({"message": "update user virtual clusters successfully"}, status=201)
 
 

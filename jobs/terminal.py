@@ -17,13 +17,17 @@ import json
 import logging
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs.launcher import Engine
-from jobs.models import TaskAttempt, TaskState, TerminalSession
+from jobs.models import Job, TaskAttempt, TaskState, TerminalSession
+from jobs.services import access
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +75,37 @@ class TerminalRefused(Exception):
 
 def open_session(user, attempt_id: int, client_address: str) -> _Target:
     """Check the user may open a shell in this task; record the session."""
-    attempt = TaskAttempt.objects.select_related("job", "node").filter(pk=attempt_id).first()
-    if attempt is None or not user.is_authenticated or (attempt.job.owner_id != user.pk and not user.is_admin):
+    attempt = None
+    if user.is_authenticated:  # visible_to: the job's owner, or an admin
+        attempt = TaskAttempt.objects.select_related("node").filter(
+            pk=attempt_id, job__in=Job.objects.visible_to(user)).first()
+    if attempt is None:
         raise TerminalRefused(CLOSE_FORBIDDEN, "no such task, or it is not yours")
-    if attempt.state != TaskState.RUNNING or not attempt.container_id or attempt.node is None:
+    if not access.terminal_ready(attempt) or attempt.node is None:
         raise TerminalRefused(CLOSE_NOT_RUNNING, "the task is not running")
-    session = TerminalSession.objects.create(user=user, attempt=attempt, client_address=client_address[:64])
+    now = timezone.now()
+    with transaction.atomic():
+        session = TerminalSession.objects.create(user=user, attempt=attempt, client_address=client_address[:64],
+                                                 started_at=now)
+        _note_activity(attempt.pk, now)
     return _Target(session.pk, attempt.node.docker_host, attempt.container_id)
 
 
-def close_session(session_id: int, reason: str) -> None:
-    TerminalSession.objects.filter(pk=session_id, ended_at__isnull=True).update(
-        ended_at=timezone.now(), end_reason=reason[:200]
+def close_session(session_id: int, attempt_id: int, reason: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        closed = TerminalSession.objects.filter(pk=session_id, ended_at__isnull=True).update(
+            ended_at=now, end_reason=reason[:200]
+        )
+        if closed:
+            _note_activity(attempt_id, now)
+
+
+def _note_activity(attempt_id: int, now: datetime) -> None:
+    """A terminal opened or closed is use of the task: its idle notice
+    (access.last_activity) reads last_activity_at. Only ever move it forward."""
+    TaskAttempt.objects.filter(Q(last_activity_at__isnull=True) | Q(last_activity_at__lt=now), pk=attempt_id).update(
+        last_activity_at=now
     )
 
 
@@ -223,4 +246,4 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         except Exception:  # the engine is unreachable: the shell ends with the container
             log.exception("hanging up the shell of terminal session %s failed", self.target.session_id)
         finally:
-            await database_sync_to_async(close_session)(self.target.session_id, self.end_reason)
+            await database_sync_to_async(close_session)(self.target.session_id, self.attempt_id, self.end_reason)

@@ -100,10 +100,10 @@ class Cluster:
     # ----------------------------------------------------------- node agents
 
     @staticmethod
-    def port_range(slot: int, size: int = 100) -> str:
+    def port_range(slot: int) -> str:
         """Host ports of this test run: slot 0..5, 100 ports each."""
         start = PORT_BASE + slot * 100
-        return f"{start}-{start + size - 1}"
+        return f"{start}-{start + 99}"
 
     def start_agent(self, name: str, *, ports: str, cpus: int = 16, memory_mb: int = 32768, gpus: int = 0,
                     gpu_type: str = "SIM", wait: bool = True, env: dict[str, str] | None = None) -> Process:

@@ -9,7 +9,6 @@ and jobs with unique names (see `make_user`).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import shutil
 import uuid
@@ -21,6 +20,7 @@ from django.conf import settings
 from tests import services as test_services
 from tests.cluster import Cluster, remove_test_containers
 from tests.browser import browser, page  # noqa: F401  (fixtures)
+from tests.helpers import hashed_password
 from tests.settings import TEST_VAR
 
 
@@ -101,16 +101,6 @@ def cluster(redis_server, docker_engine, static_files) -> Iterator[Cluster]:
 _counter = itertools.count()
 
 
-@functools.cache
-def _hashed(password: str) -> str:
-    """Hash each test password once: the real hasher takes ~1 s a call, and
-    the portal's processes must verify these hashes with their own settings."""
-    from django.contrib.auth.hashers import make_password
-
-    return make_password(password)
-_users_made: list = []
-
-
 def unique(prefix: str) -> str:
     return f"{prefix}{next(_counter)}_{uuid.uuid4().hex[:6]}"
 
@@ -125,7 +115,7 @@ def make_user() -> Iterator[Callable[..., object]]:
 
     def make(prefix: str = "user", *, admin: bool = False, password: str = "pw-for-tests-1") -> User:
         user = User.objects.create_user(unique(prefix), is_staff=admin, is_superuser=admin)
-        user.password = _hashed(password)
+        user.password = hashed_password(password)
         user.save(update_fields=["password"])
         user.test_password = password  # type: ignore[attr-defined]
         made.append(user)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+import requests
 
 from jobs import services
 from jobs.models import Job, LogLine, Stream, TaskAttempt
@@ -40,6 +44,12 @@ def wait_state(job: Job, *states: str, timeout: float = 60.0) -> Job:
         raise AssertionError(f"{exc}; it is {job.state}: {job.exit_reason or job.waiting_reason}\n{describe(job)}") from None
 
 
+def running_attempt(job: Job, timeout: float = 60) -> TaskAttempt:
+    """The job's task attempt once it runs in a container."""
+    return wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exclude(container_id="").first(),
+                    timeout=timeout, what="the task to run")
+
+
 def describe(job: Job) -> str:
     lines = []
     for attempt in TaskAttempt.objects.filter(job=job).select_related("task"):
@@ -69,4 +79,31 @@ def example(name: str, **replace: Any) -> dict[str, Any]:
     return value
 
 
-__all__ = ["BUSYBOX_IMAGE", "DEBIAN_IMAGE", "config", "role", "submit", "wait_state", "lines", "describe", "example"]
+@functools.cache
+def hashed_password(password: str) -> str:
+    """Hash each test password once: the real hasher takes ~1 s a call, and
+    the portal's processes must verify these hashes with their own settings."""
+    from django.contrib.auth.hashers import make_password
+
+    return make_password(password)
+
+
+def csrf_token(html: str) -> str:
+    """The CSRF token of the form on a page."""
+    return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html).group(1)
+
+
+def login(base_url: str, user) -> requests.Session:
+    """A requests session logged in through the real login form."""
+    session = requests.Session()
+    session.trust_env = False  # loopback only, never a proxy
+    page = session.get(f"{base_url}/login/")
+    response = session.post(f"{base_url}/login/", data={"username": user.username, "password": user.test_password,
+                                                       "csrfmiddlewaretoken": csrf_token(page.text)},
+                            headers={"Referer": f"{base_url}/login/"}, allow_redirects=False)
+    assert response.status_code == 302 and "/login/" not in response.headers["Location"], "login failed"
+    return session
+
+
+__all__ = ["BUSYBOX_IMAGE", "DEBIAN_IMAGE", "config", "role", "submit", "wait_state", "running_attempt", "lines",
+           "describe", "example", "hashed_password", "csrf_token", "login"]

@@ -26,25 +26,14 @@ from jobs import keys, services
 from jobs.models import SshKey, State, TaskAttempt, TerminalSession, User
 from jobs.services import access
 from tests.cluster import wait_for
-from tests.helpers import DEBIAN_IMAGE, config, example, lines, role, submit, wait_state
+from tests.helpers import (
+    DEBIAN_IMAGE, config, csrf_token, example, hashed_password, lines, login, role, running_attempt, submit, wait_state,
+)
 
 JUPYTER_PORT = [{"label": "jupyter", "beginAt": 0, "portNumber": 1}]
 
 
 # ------------------------------------------------------------------ helpers
-
-def login(base_url: str, user) -> requests.Session:
-    """A requests session logged in through the real login form."""
-    session = requests.Session()
-    session.trust_env = False  # loopback only, never a proxy
-    page = session.get(f"{base_url}/login/")
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    response = session.post(f"{base_url}/login/", data={"username": user.username, "password": user.test_password,
-                                                       "csrfmiddlewaretoken": token},
-                            headers={"Referer": f"{base_url}/login/"}, allow_redirects=False)
-    assert response.status_code == 302 and "/login/" not in response.headers["Location"], "login failed"
-    return session
-
 
 class _Anchors(HTMLParser):
     def __init__(self) -> None:
@@ -88,11 +77,6 @@ def write_key(path: Path, text: str) -> Path:
     path.write_text(text)
     os.chmod(path, 0o600)
     return path
-
-
-def running_attempt(job, timeout: float = 60) -> TaskAttempt:
-    return wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exclude(container_id="").first(),
-                    timeout=timeout, what="the task to run")
 
 
 def job_page(session: requests.Session, base_url: str, job) -> str:
@@ -180,9 +164,8 @@ def test_it_lets_the_owner_ssh_in_with_the_downloaded_key_and_no_one_else(alice,
     # Alice's own key, added on her profile before she submits.
     own_private, own_public = keys.new_key_pair("alice@laptop")
     profile = owner.get(f"{base}/profile/").text
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', profile).group(1)
     added = owner.post(f"{base}/profile/ssh-keys/add/", data={"title": "laptop", "public_key": own_public,
-                                                             "csrfmiddlewaretoken": token},
+                                                             "csrfmiddlewaretoken": csrf_token(profile)},
                        headers={"Referer": f"{base}/profile/"})
     assert added.ok and SshKey.objects.filter(user=alice, title="laptop").exists()
 
@@ -236,7 +219,9 @@ def test_it_lets_tasks_reach_each_other_by_role_and_index_over_ssh(alice, cluste
 def busybox_task(cluster):
     """A running busybox task (busybox has no SSH server) of a user of its
     own, shared by the tests below."""
-    owner = User.objects.create_user(f"carol{uuid.uuid4().hex[:8]}", password="pw-for-tests-1")
+    owner = User.objects.create_user(f"carol{uuid.uuid4().hex[:8]}")
+    owner.password = hashed_password("pw-for-tests-1")  # hashed once per run: the hasher is slow
+    owner.save(update_fields=["password"])
     owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
     job = submit(owner, config("nossh", role(command="sleep 600")))
     yield owner, job, running_attempt(job)
@@ -359,7 +344,7 @@ def test_it_serves_jupyter_from_a_task_and_opens_it_from_the_job_page(alice, clu
     assert "<title>Home Page - Select or create a notebook</title>" in response.text  # the notebook's file tree
 
     attempt = running_attempt(tokened, timeout=90)
-    found = wait_for(lambda: access.jupyter_token(attempt), timeout=90, what="Jupyter to print its token")
+    found = wait_for(lambda: access.jupyter_token(tokened, attempt), timeout=90, what="Jupyter to print its token")
     url = links_with_class(job_page(owner, base, tokened), "jupyter-link")[0]
     assert re.fullmatch(rf"http://127\.0\.0\.1:\d+/\?token={found}", url)
     response = wait_for(lambda: (r := requests.get(url, timeout=5)).status_code == 200 and r, timeout=30,

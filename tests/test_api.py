@@ -22,7 +22,8 @@ from jobs.services import parse_for_user, ratelimit, tokens
 from jobs.services.scheduling import ready_nodes
 from jobs.spec import SpecError
 from tests.cluster import wait_for
-from tests.helpers import DEBIAN_IMAGE, config, role, wait_state
+from tests.helpers import DEBIAN_IMAGE, config, csrf_token, role, wait_state
+from tests.helpers import login as web_login
 
 pytestmark = pytest.mark.services
 
@@ -169,9 +170,8 @@ def test_it_answers_bad_logins_alike_then_rate_limits_them(cluster, alice, setti
         # The web login form shares the limit.
         web = requests.Session()
         page = web.get(f"{cluster.base_url}/login/")
-        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
         answer = web.post(f"{cluster.base_url}/login/", data={
-            "username": alice.username, "password": alice.test_password, "csrfmiddlewaretoken": csrf},
+            "username": alice.username, "password": alice.test_password, "csrfmiddlewaretoken": csrf_token(page.text)},
             headers={"Referer": f"{cluster.base_url}/login/"})
         assert answer.status_code == 200 and "Too many failed logins" in answer.text
         ratelimit.login_reset(username=alice.username)
@@ -210,11 +210,7 @@ def test_it_rejects_expired_and_revoked_tokens(cluster, alice):
 
 
 def test_it_takes_the_browser_session_with_csrf_for_changes(cluster, alice):
-    web = requests.Session()
-    page = web.get(f"{cluster.base_url}/login/")
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    web.post(f"{cluster.base_url}/login/", data={"username": alice.username, "password": alice.test_password,
-                                                 "csrfmiddlewaretoken": csrf}, headers={"Referer": f"{cluster.base_url}/login/"})
+    web = web_login(cluster.base_url, alice)
     assert expect(web.get(f"{cluster.base_url}/api/v1/jobs"), 200) == []
     cfg = config("sessionjob", role(command="true"), virtualCluster="default")
     url = f"{cluster.base_url}/api/v1/user/{alice.username}/jobs/sessionjob"

@@ -10,7 +10,7 @@ from django.conf import settings
 from jobs import services
 from jobs.models import ExitType, JobAttempt, LogCursor, State, Stream, TaskAttempt
 from tests.cluster import wait_for
-from tests.helpers import config, example, lines, role, submit, wait_state
+from tests.helpers import config, example, lines, role, running_attempt, submit, wait_state
 
 pytestmark = pytest.mark.services
 
@@ -110,8 +110,7 @@ def test_it_keeps_a_waiting_job_until_another_frees_the_gpus(alice):
 def test_it_exposes_allocated_gpus_without_asking_docker_for_simulated_ones(alice):
     job = wait_state(submit(alice, config("gpus", role(command="echo $NVIDIA_VISIBLE_DEVICES; sleep 3", gpus=2), gpuType="V100")),
                      State.RUNNING)
-    attempt = wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exclude(container_id="").first(),
-                       what="the container")
+    attempt = running_attempt(job, timeout=30)
     host_config = docker.from_env().api.inspect_container(attempt.container_id)["HostConfig"]
     assert not host_config.get("DeviceRequests")
     assert len(attempt.gpus) == 2 and attempt.node_name == "t-node-a"
@@ -198,8 +197,7 @@ def test_it_isolates_task_containers(alice, tmp_path):
     attempt = TaskAttempt.objects.get(job=job)
     # The container is gone once the task ended; check how it was made from a running one.
     running = wait_state(submit(alice, config("iso2", role(command="sleep 30"))), State.RUNNING)
-    container_id = wait_for(lambda: TaskAttempt.objects.filter(job=running, state="RUNNING").exclude(container_id="")
-                            .values_list("container_id", flat=True).first(), what="the container")
+    container_id = running_attempt(running, timeout=30).container_id
     host_config = docker.from_env().api.inspect_container(container_id)["HostConfig"]
     assert host_config["Privileged"] is False
     assert host_config["NetworkMode"] != "host"
@@ -287,8 +285,7 @@ def test_it_keeps_one_task_jobs_apart_on_the_isolated_network(alice, cluster):
                         env={"SINGLE_TASK_NETWORK": "isolated"})
     server = wait_state(submit(alice, config("listener", role(command="nc -l -p 5000", gpus=1), gpuType="ISOTEST")),
                         State.RUNNING)
-    container_id = wait_for(lambda: TaskAttempt.objects.filter(job=server, state="RUNNING").exclude(container_id="")
-                            .values_list("container_id", flat=True).first(), what="the listener")
+    container_id = running_attempt(server, timeout=30).container_id
     networks = docker.from_env().api.inspect_container(container_id)["NetworkSettings"]["Networks"]
     shared = f"{settings.PAI_INSTANCE}-shared"
     assert list(networks) == [shared]
@@ -343,8 +340,7 @@ def test_it_records_an_exit_that_happened_while_the_agent_was_down(alice, cluste
 
     job = wait_state(submit(alice, config("exitdown", role(command="sleep 3; echo bye; exit 4", gpus=1),
                                           gpuType="TITANX")), State.RUNNING)
-    attempt = wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exclude(container_id="").first(),
-                       what="the container")
+    attempt = running_attempt(job, timeout=30)
     cluster.agent("t-node-b").stop(signal.SIGKILL)
     client = docker.from_env()
     wait_for(lambda: client.containers.get(attempt.container_id).status == "exited", timeout=30, what="the exit")

@@ -12,11 +12,6 @@ from jobs.models import User, VirtualCluster
 from tests.services import BUSYBOX_IMAGE
 
 
-@pytest.fixture
-def client() -> Client:
-    return Client()
-
-
 def test_it_serves_the_login_page_to_strangers(client):
     response = client.get("/login/")
     assert response.status_code == 200

@@ -10,10 +10,9 @@ import pytest
 from playwright.sync_api import expect
 
 from jobs import keys, services
-from jobs.models import TaskAttempt, TerminalSession
+from jobs.models import TerminalSession
 from tests.browser import login, screenshot
-from tests.cluster import wait_for
-from tests.helpers import config, role, submit
+from tests.helpers import config, role, running_attempt, submit
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
 
@@ -30,8 +29,7 @@ def type_line(page, text: str) -> None:
 
 def test_it_opens_a_shell_in_the_browser_on_a_running_task(page, alice, cluster):
     job = submit(alice, config("webshell", role(command="sleep 600")))
-    attempt = wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exclude(container_id="").first(),
-                       timeout=60, what="the task to run")
+    attempt = running_attempt(job)
     login(page, alice)
     page.goto(f"/jobs/{job.pk}/")
     screenshot(page, "job-page-access")

@@ -11,13 +11,11 @@ from datetime import datetime, timedelta
 from urllib.parse import quote
 
 from django.conf import settings
-from django.db.models import Max
 from django.utils import timezone
 
 from jobs import keys
 from jobs.environment import SSH_PORT_LABEL
 from jobs.models import Job, LogLine, SshKey, Stream, TaskAttempt, TaskState, User
-from jobs.services.submission import spec_of
 
 # Jupyter prints its URL with `?token=<48 hex digits>` (notebook, lab, server).
 _TOKEN_RE = re.compile(r"[?&]token=([0-9a-fA-F]{16,128})\b")
@@ -66,12 +64,21 @@ def token_in_command(command: str) -> str | None:
     return None
 
 
-def jupyter_token(attempt: TaskAttempt) -> str:
+def role_command(job: Job, role_name: str) -> str:
+    """A task role's command as the user wrote it. Read from the stored
+    config, which keeps commands verbatim: parsing it again (spec_of) would
+    cost more than the job page's refresh should."""
+    for role in job.config["taskRoles"]:
+        if role["name"] == role_name:
+            return role["command"]
+    raise KeyError(role_name)
+
+
+def jupyter_token(job: Job, attempt: TaskAttempt) -> str:
     """The token to open the task's Jupyter with: the one its command sets,
     else the one the server printed in the log (the latest: a restarted
     server prints a new one); "" if neither."""
-    role = spec_of(attempt.job).role(attempt.task.role)
-    from_command = token_in_command(role.command)
+    from_command = token_in_command(role_command(job, attempt.task.role))
     if from_command is not None:
         return from_command
     lines = LogLine.objects.filter(attempt=attempt, stream__in=(Stream.STDERR, Stream.STDOUT), text__contains="token=")
@@ -82,12 +89,12 @@ def jupyter_token(attempt: TaskAttempt) -> str:
     return ""
 
 
-def jupyter_url(attempt: TaskAttempt, label: str = JUPYTER_LABEL) -> str:
+def jupyter_url(job: Job, attempt: TaskAttempt) -> str:
     """One click into the task's Jupyter: its port, and its token if known."""
-    ports = attempt.ports.get(label) or []
+    ports = attempt.ports.get(JUPYTER_LABEL) or []
     if not ports or attempt.state != TaskState.RUNNING:
         return ""
-    token = jupyter_token(attempt)
+    token = jupyter_token(job, attempt)
     return f"http://{attempt.host_ip}:{ports[0]}/" + (f"?token={quote(token, safe='')}" if token else "")
 
 
@@ -120,12 +127,16 @@ def ssh_key_file_name(job: Job) -> str:
     return f"{job.name}.key"
 
 
+def terminal_ready(attempt: TaskAttempt) -> bool:
+    """May a terminal be opened into this task (by someone allowed to)?"""
+    return attempt.state == TaskState.RUNNING and bool(attempt.container_id)
+
+
 def last_activity(attempt: TaskAttempt) -> datetime | None:
-    """When the task last showed a sign of use: log output, or a terminal
-    session opened or closed in it."""
+    """When the task last showed a sign of use: log output (jobs/logs.py),
+    or a terminal session opened or closed in it (jobs/terminal.py); both
+    move last_activity_at forward. A terminal still open is use right now."""
     moments = [attempt.last_activity_at, attempt.started_at]
-    sessions = attempt.terminal_sessions.aggregate(started=Max("started_at"), ended=Max("ended_at"))
-    moments += [sessions["started"], sessions["ended"]]
     if attempt.terminal_sessions.filter(ended_at__isnull=True).exists():
         moments.append(timezone.now())
     known = [m for m in moments if m is not None]
@@ -151,7 +162,6 @@ class TaskAccess:
     """Everything the job page offers to reach one task attempt."""
 
     is_owner: bool
-    running: bool
     ssh: SshAccess
     key_file: str
     can_open_terminal: bool
@@ -162,12 +172,11 @@ class TaskAccess:
 
 def task_access(*, job: Job, attempt: TaskAttempt, user: User) -> TaskAccess:
     is_owner = job.owner_id == user.pk
-    running = attempt.state == TaskState.RUNNING
     key_file = ssh_key_file_name(job)
-    url = jupyter_url(attempt)
+    url = jupyter_url(job, attempt)
     return TaskAccess(
-        is_owner=is_owner, running=running, ssh=ssh_access(attempt, key_file=key_file), key_file=key_file,
-        can_open_terminal=running and bool(attempt.container_id) and (is_owner or user.is_admin),
+        is_owner=is_owner, ssh=ssh_access(attempt, key_file=key_file), key_file=key_file,
+        can_open_terminal=terminal_ready(attempt) and (is_owner or user.is_admin),
         jupyter_url=url, jupyter_has_token="?token=" in url, idle_minutes=idle_minutes(attempt),
     )
 
@@ -198,7 +207,7 @@ def ssh_key_add(*, user: User, title: str, public_key: str) -> SshKey:
         raise SshKeyError("public_key", f'you already added this key, as "{existing.title}"')
     if SshKey.objects.filter(user=user).count() >= MAX_SSH_KEYS_PER_USER:
         raise SshKeyError("public_key", f"you have {MAX_SSH_KEYS_PER_USER} keys already; delete one first")
-    return SshKey.objects.create(user=user, title=title[:100], public_key=line, fingerprint=fingerprint)
+    return SshKey.objects.create(user=user, title=title, public_key=line, fingerprint=fingerprint)
 
 
 def ssh_key_delete(*, user: User, key_id: int) -> bool:

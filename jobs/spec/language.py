@@ -39,7 +39,6 @@ ROLE_KEPT_FIELDS = ("storageGB",)
 PORT_FIELDS = ("label", "beginAt", "portNumber")
 DIR_FIELDS = ("authFile", "dataDir", "outputDir", "codeDir")
 
-_SUBSTITUTED = ("PAI_DEFAULT_FS_URI", "PAI_JOB_NAME", "PAI_USER_NAME")
 _SUBST_RE = re.compile(r"\$\{(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME)\}|\$(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME)(?![A-Za-z0-9_])")
 
 Scalar = str | int | float | bool | None

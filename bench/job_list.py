@@ -29,6 +29,9 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.stack import percentile  # noqa: E402
+
 VAR = ROOT / "var" / "bench" / "job_list"
 TARGET_MS = 200.0
 WORDS = ["resnet", "bert", "gpt", "yolo", "unet", "vit", "lstm", "mnist", "cifar", "imagenet", "sweep", "eval"]
@@ -38,7 +41,6 @@ STATES = [("SUCCEEDED", 0.62), ("FAILED", 0.14), ("STOPPED", 0.1), ("RUNNING", 0
 
 
 def configure() -> None:
-    sys.path.insert(0, str(ROOT))
     (VAR / "staticfiles").mkdir(parents=True, exist_ok=True)  # whitenoise warns when it is missing
     os.environ.update({
         "DJANGO_SETTINGS_MODULE": "portal.settings",
@@ -116,11 +118,6 @@ def scenarios() -> list[tuple[str, str, str]]:
         ("sort by duration, all users (admin)", "boss", "/?user=all&sort=-duration&page=3"),
         ("live rows fragment, first page (heavy)", "heavy", "/jobs/rows/"),
     ]
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
 
 
 def measure(repeat: int, explain: bool) -> float:

@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from jobs import jsonc, services, storage
 from jobs.models import Job, Node, User, VirtualCluster
-from jobs.services.cluster import VcUsage, config_fit
+from jobs.services.cluster import VcUsage, config_fit, ready_node_states
 from jobs.spec import MAX_CONFIG_BYTES, ParsedConfig, SpecError, SpecProblem
+from jobs.templatetags.job_pages import num, percent_of
 
 DIR_PREFILL_FIELDS = ("codeDir", "dataDir", "outputDir")
 
@@ -56,13 +57,15 @@ def new_job_config(user: User) -> dict[str, Any]:
     }
 
 
-def default_vc_name(user: User) -> str:
-    names = [vc.name for vc in usable_vcs(user)]
+def default_vc_name(user: User, usable: list[VirtualCluster] | None = None) -> str:
+    """"default" if the user may use it (or nothing else), else their first;
+    `usable` is usable_vcs(user) when the caller has it already."""
+    names = [vc.name for vc in (usable_vcs(user) if usable is None else usable)]
     return VirtualCluster.DEFAULT if VirtualCluster.DEFAULT in names or not names else names[0]
 
 
 def usable_vcs(user: User) -> list[VirtualCluster]:
-    return [vc for vc in VirtualCluster.objects.all() if vc.allows(user)]
+    return list(VirtualCluster.objects.usable_by(user))
 
 
 def with_dirs(config: dict[str, Any], query: dict[str, str]) -> dict[str, Any]:
@@ -167,8 +170,10 @@ class DraftCheck:
 def check_draft(*, user: User, text: str) -> DraftCheck:
     """Every problem `job_submit` would find in `text`, without storing anything."""
     check = DraftCheck(text=text)
+    positions = None
     try:
-        check.value = jsonc.loads(text.removeprefix("\ufeff")).value
+        document = jsonc.loads(text.removeprefix("\ufeff"))
+        check.value, positions = document.value, document.positions
         check.syntax_ok = True
     except jsonc.JsoncSyntaxError:
         pass
@@ -179,7 +184,7 @@ def check_draft(*, user: User, text: str) -> DraftCheck:
         check.problems, check.warnings = list(exc.problems), list(exc.warnings)
     if isinstance(check.value, dict):
         check.problems += _submit_problems(user, check.value, check.parsed)
-    check.problems = locate(text, check.problems)
+    check.problems = _located(check.problems, positions)
     return check
 
 
@@ -189,12 +194,10 @@ def _submit_problems(user: User, value: dict[str, Any], parsed: ParsedConfig | N
     problems: list[SpecProblem] = []
     vc_name = value.get("virtualCluster") or VirtualCluster.DEFAULT
     if isinstance(vc_name, str):
-        vc = VirtualCluster.objects.filter(name=vc_name).first()
-        if vc is None:
-            names = ", ".join(v.name for v in usable_vcs(user)) or "none"
-            problems.append(SpecProblem("virtualCluster", f'virtual cluster "{vc_name}" does not exist; yours: {names}'))
-        elif not vc.allows(user):
-            problems.append(SpecProblem("virtualCluster", f'you may not submit to virtual cluster "{vc_name}"'))
+        try:
+            services.virtual_cluster_for(user, vc_name)
+        except services.SubmitError as exc:
+            problems.append(SpecProblem(exc.field, exc.message))
     name = value.get("jobName")
     if isinstance(name, str) and Job.objects.filter(owner=user, name=name).exists():
         free = services.suggest_job_name(user, name)
@@ -213,6 +216,14 @@ def locate(text: str, problems: list[SpecProblem]) -> list[SpecProblem]:
     try:
         positions = jsonc.loads(text.removeprefix("\ufeff")).positions
     except jsonc.JsoncSyntaxError:
+        return problems
+    return _located(problems, positions)
+
+
+def _located(problems: list[SpecProblem], positions: dict[str, tuple[int, int]] | None) -> list[SpecProblem]:
+    """`problems`, each without a line given its field's (or the nearest
+    parent's) position; as they are when the text is not JSON."""
+    if positions is None:
         return problems
     located = []
     for problem in problems:
@@ -258,12 +269,13 @@ def vc_panel(user: User, check: DraftCheck) -> dict[str, Any]:
     """What the side panel shows: the chosen virtual cluster's use now, and
     whether the job as written could fit."""
     name = check.vc_name
-    usage = next((u for u in services.vc_usage() if u.name == name), None)
+    states = ready_node_states()  # one read of the nodes for both the bars and the fit, per keystroke
+    usage = next((u for u in services.vc_usage(states=states) if u.name == name), None)
     ready_nodes = Node.objects.filter(status=Node.Status.READY, schedulable=True).count()
     verdict, reason = "unknown", ""
-    vc_ok = usage is not None and VirtualCluster.objects.get(name=name).allows(user)
+    vc_ok = usage is not None and VirtualCluster.objects.usable_by(user).filter(name=name).exists()
     if check.parsed is not None and vc_ok:
-        fit = config_fit(check.parsed.normalized, name)
+        fit = config_fit(check.parsed.normalized, name, states=states)
         if ready_nodes == 0:
             verdict = "no-nodes"
         elif fit.never:
@@ -279,11 +291,11 @@ def vc_panel(user: User, check: DraftCheck) -> dict[str, Any]:
 
 def _usage_rows(usage: VcUsage) -> list[dict[str, Any]]:
     """CPU, memory and each GPU type: used / total, as the panel's bars."""
-    rows = [("CPUs", usage.cpus, _number), ("Memory", usage.memory_mb, _megabytes)]
-    rows += [(f"GPUs · {kind}", amount, _number) for kind, amount in usage.gpus.items()]
+    rows = [("CPUs", usage.cpus, num), ("Memory", usage.memory_mb, _megabytes)]
+    rows += [(f"GPUs · {kind}", amount, num) for kind, amount in usage.gpus.items()]
     return [
         {"label": label, "used": fmt(amount.used), "total": fmt(amount.total),
-         "percent": min(100, round(100 * amount.used / amount.total)) if amount.total else 0}
+         "percent": percent_of(amount.used, amount.total)}
         for label, amount, fmt in rows
     ]
 
@@ -297,10 +309,7 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
-
-
 def _megabytes(value: float) -> str:
-    return f"{_number(round(value / 1024, 1))} GB" if value >= 1024 else f"{_number(value)} MB"
+    # Not job_pages.mb: a share's fractional megabytes keep their decimal here ("341.3 MB").
+    return f"{num(round(value / 1024, 1))} GB" if value >= 1024 else f"{num(value)} MB"
 

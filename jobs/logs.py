@@ -230,8 +230,7 @@ def write_note(attempt_id: int, text: str) -> None:
     """A platform message (image pulled, code staged ...) on the task's
     "platform" stream, kept apart from what the command printed."""
     with transaction.atomic():
-        last = LogLine.objects.filter(attempt_id=attempt_id, stream=Stream.PLATFORM).aggregate(m=Max("seq"))["m"]
-        LogLine.objects.create(attempt_id=attempt_id, stream=Stream.PLATFORM, seq=(last + 1) if last is not None else 0,
+        LogLine.objects.create(attempt_id=attempt_id, stream=Stream.PLATFORM, seq=last_seq(attempt_id, Stream.PLATFORM) + 1,
                                text=f"{timezone.now():%Y-%m-%d %H:%M:%S}Z {text}")
 
 
@@ -243,6 +242,13 @@ class LogPage:
     lines: list[tuple[int, str]]
     next_cursor: int  # pass as `after` to get what follows
     truncated: bool
+
+
+def last_seq(attempt_id: int, stream: int) -> int:
+    """The seq of a stream's last stored line, -1 when it has none. One step
+    down the (attempt, stream, seq) unique index, however long the log."""
+    last = LogLine.objects.filter(attempt_id=attempt_id, stream=stream).aggregate(m=Max("seq"))["m"]
+    return -1 if last is None else last
 
 
 def read_lines(attempt_id: int, stream: int, *, after: int = -1, limit: int = 1000) -> LogPage:

@@ -45,6 +45,14 @@ vc_name_validator = RegexValidator(r"^[A-Za-z0-9_]+\Z", "Letters, digits and und
 node_name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9\-_.]*\Z", "Letters, digits, - _ and . only.")
 
 
+class VirtualClusterQuerySet(models.QuerySet):
+    def usable_by(self, user: User) -> "VirtualClusterQuerySet":
+        """The virtual clusters `user` may submit to (as `allows`, in one query)."""
+        if user.is_admin:
+            return self
+        return self.filter(Q(open_to_all=True) | Q(users=user)).distinct()
+
+
 class VirtualCluster(models.Model):
     """A share of the cluster (OpenPAI's virtualCluster).
 
@@ -64,6 +72,8 @@ class VirtualCluster(models.Model):
     open_to_all = models.BooleanField(default=False, help_text="Every user may submit here.")
     users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="virtual_clusters")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = VirtualClusterQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -205,12 +215,6 @@ class Job(models.Model):
     @property
     def retries(self) -> int:
         return self.attempt_number - 1
-
-    @property
-    def duration(self) -> timedelta | None:
-        if not self.started_at:
-            return None
-        return (self.finished_at or timezone.now()) - self.started_at
 
 
 class JobAttempt(models.Model):

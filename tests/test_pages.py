@@ -13,7 +13,9 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import (
@@ -228,6 +230,26 @@ def test_the_live_fragment_carries_each_changing_part(alice):
     for part in ("actions", "summary", "tasks", "logtasks"):
         assert f'data-part="{part}"' in html
     assert "<html" not in html
+
+
+def test_the_live_fragment_reads_as_much_for_many_running_tasks_as_for_one(alice):
+    """The page polls it every few seconds: no query per task row."""
+    client = client_for(alice)
+    counts = []
+    for tasks in (1, 4):
+        job = ended_job(alice, f"rows_{tasks}", State.RUNNING, finished_at=None, exit_type="", total_tasks=tasks,
+                        config=config(f"rows_{tasks}", role(tasks=tasks)))
+        for index in range(1, tasks):
+            Task.objects.create(job=job, role="main", index=index)
+        for task in job.tasks.all():
+            TaskAttempt.objects.create(task=task, job_attempt=job.attempts.get(), job=job, number=1, host_ip="127.0.0.1",
+                                       state=TaskState.RUNNING, container_id=f"c{task.index}", started_at=job.started_at,
+                                       ports={"ssh": [20100 + task.index]})
+        with CaptureQueriesContext(connection) as queries:
+            html = client.get(f"/jobs/{job.pk}/live/").content.decode()
+        assert html.count('class="task-row"') == tasks
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
 
 
 def test_it_stops_a_job_after_asking_first(alice):

@@ -89,6 +89,9 @@ def test_it_follows_a_job_live_stops_another_and_reads_its_logs(page, alice, clu
     # After the end: switch to stderr, search the whole log, jump to the start.
     page.get_by_role("tab", name="stderr").click()
     expect(page.locator("[data-log-lines]")).to_contain_text("bye")
+    page.get_by_role("tab", name="stderr").press("ArrowLeft")  # arrow keys move between tabs too
+    expect(page.get_by_role("tab", name="stdout")).to_be_focused()
+    expect(page.locator("[data-log-lines]")).to_contain_text("tick 6")
     page.get_by_role("tab", name="stdout").click()
     page.get_by_label("Search the whole log").fill("tick 3")
     page.get_by_role("button", name="Search", exact=True).click()
@@ -103,6 +106,9 @@ def test_it_follows_a_job_live_stops_another_and_reads_its_logs(page, alice, clu
     body = page.request.get(download.get_attribute("href")).text()
     assert body.splitlines() == ["hello from the waiter"] + [f"tick {i}" for i in range(1, 7)]
     screenshot(page, "job-succeeded")
+    page.get_by_role("tab", name="As submitted").press("ArrowRight")
+    expect(page.get_by_role("tab", name="Normalized")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#cfg-normalized")).to_be_visible()
 
     # The list tab caught up without a reload.
     expect(waiter_row.locator(".badge")).to_have_text("succeeded", timeout=30_000)

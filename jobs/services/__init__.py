@@ -1,6 +1,6 @@
 """The only writers of job state: views, the REST API and RQ tasks call these.
 
-    submission  job_submit, suggest_job_name, parse_for_user, spec_of
+    submission  job_submit, suggest_job_name, parse_for_user, spec_of, virtual_cluster_for
     lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
     scheduling  schedule_pass
     nodes       node_register, node_heartbeat, nodes_mark_lost
@@ -24,7 +24,6 @@ from jobs.services.lifecycle import (
     job_stop,
 )
 from jobs.services.cluster import (
-    config_never_fits_reason,
     never_fits_reason,
     node_usage,
     queue_position,
@@ -32,12 +31,19 @@ from jobs.services.cluster import (
 )
 from jobs.services.nodes import NodeInfo, node_heartbeat, node_register, nodes_mark_lost
 from jobs.services.scheduling import schedule_pass
-from jobs.services.submission import SubmitError, job_submit, parse_for_user, spec_of, suggest_job_name
+from jobs.services.submission import (
+    SubmitError,
+    job_submit,
+    parse_for_user,
+    spec_of,
+    suggest_job_name,
+    virtual_cluster_for,
+)
 
 __all__ = [
     "ContainerExit", "JobStateError", "NodeInfo", "SubmitError",
     "attempt_claim_launch", "attempt_keep_for_debug", "attempt_mark_running", "attempt_record_exit",
-    "attempt_unclaim", "config_never_fits_reason", "job_delete", "job_stop", "never_fits_reason", "node_usage",
+    "attempt_unclaim", "job_delete", "job_stop", "never_fits_reason", "node_usage",
     "queue_position", "vc_usage", "job_submit", "node_heartbeat", "node_register", "nodes_mark_lost",
-    "parse_for_user", "schedule_pass", "spec_of", "suggest_job_name",
+    "parse_for_user", "schedule_pass", "spec_of", "suggest_job_name", "virtual_cluster_for",
 ]

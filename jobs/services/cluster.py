@@ -42,9 +42,17 @@ def _capacity(vc: VirtualCluster, vcs: list[VirtualCluster]) -> float:
     return max(0.0, 100.0 - sum(v.capacity for v in vcs if v.name != VirtualCluster.DEFAULT))
 
 
-def vc_usage() -> list[VcUsage]:
-    """Every virtual cluster's quota and use, over the ready nodes."""
-    states = node_states(ready_nodes())
+def ready_node_states() -> list[scheduler.NodeState]:
+    """The ready nodes with what their tasks hold now: one snapshot a page
+    can hand to both vc_usage and config_fit."""
+    return node_states(ready_nodes())
+
+
+def vc_usage(*, states: list[scheduler.NodeState] | None = None) -> list[VcUsage]:
+    """Every virtual cluster's quota and use, over the ready nodes (`states`:
+    their snapshot when the caller has one already)."""
+    if states is None:
+        states = ready_node_states()
     quota = quotas(states)
     vcs = list(VirtualCluster.objects.all())
     counts: dict[tuple[str, str], int] = {
@@ -105,21 +113,11 @@ def queue_position(job: Job) -> int | None:
 
 def never_fits_reason(job: Job) -> str | None:
     """Why `job` could not run even on an idle cluster, or None."""
-    states = node_states(ready_nodes())
+    states = ready_node_states()
     quota = quotas(states).get(job.virtual_cluster.name)
     if quota is None:
         return f"virtual cluster '{job.virtual_cluster.name}' does not exist"
     return scheduler.never_fits(job_request(job), states, quota)
-
-
-def config_never_fits_reason(config: dict, vc_name: str) -> str | None:
-    """The same test for a config that is not submitted yet (Submit Job's panel)."""
-    vc = VirtualCluster.objects.filter(name=vc_name).first()
-    if vc is None:
-        return f"virtual cluster '{vc_name}' does not exist"
-    draft = Job(config=config, virtual_cluster=vc, gpu_type=config.get("gpuType") or "")
-    draft.pk = 0
-    return never_fits_reason(draft)
 
 
 @dataclass(frozen=True)
@@ -131,11 +129,13 @@ class ConfigFit:
     wait: str | None
 
 
-def config_fit(config: dict, vc_name: str) -> ConfigFit:
+def config_fit(config: dict, vc_name: str, *, states: list[scheduler.NodeState] | None = None) -> ConfigFit:
     """Submit Job's panel: both answers from one snapshot of the cluster as it
-    is now (jobs queued before it aside). Nothing is reserved."""
+    is now (jobs queued before it aside), `states` when the caller has it.
+    Nothing is reserved."""
     vc = VirtualCluster.objects.filter(name=vc_name).first()
-    states = node_states(ready_nodes())
+    if states is None:
+        states = ready_node_states()
     quota = quotas(states).get(vc_name)
     if vc is None or quota is None:
         missing = f"virtual cluster '{vc_name}' does not exist"

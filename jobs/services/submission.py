@@ -34,11 +34,13 @@ def spec_of(job: Job) -> JobSpec:
     ).spec
 
 
-def _virtual_cluster_for(user: User, name: str) -> VirtualCluster:
+def virtual_cluster_for(user: User, name: str) -> VirtualCluster:
+    """The virtual cluster `name` if `user` may submit to it; else SubmitError
+    (Submit Job's live check shows the same message)."""
     try:
         vc = VirtualCluster.objects.get(name=name)
     except VirtualCluster.DoesNotExist:
-        names = ", ".join(vc.name for vc in VirtualCluster.objects.all() if vc.allows(user)) or "none"
+        names = ", ".join(vc.name for vc in VirtualCluster.objects.usable_by(user)) or "none"
         raise SubmitError("NoVirtualClusterError", f'virtual cluster "{name}" does not exist; yours: {names}', "virtualCluster") from None
     if not vc.allows(user):
         raise SubmitError("ForbiddenUserError", f'you may not submit to virtual cluster "{name}"', "virtualCluster")
@@ -78,7 +80,7 @@ def job_submit(*, owner: User, config: str | bytes | ParsedConfig, upload_output
     """Validate a v1 config and queue the job. Raises SpecError or SubmitError."""
     parsed = config if isinstance(config, ParsedConfig) else parse_for_user(config, user=owner)
     spec = parsed.spec
-    vc = _virtual_cluster_for(owner, spec.virtual_cluster)
+    vc = virtual_cluster_for(owner, spec.virtual_cluster)
     if Job.objects.filter(owner=owner, name=spec.job_name).exists():
         raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName")
     _check_storage(owner, spec)

@@ -16,7 +16,7 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from jobs.models import ExitType, Job, JobAttempt, State, TaskAttempt
+from jobs.models import ExitType, Job, JobAttempt, TaskAttempt
 
 register = template.Library()
 
@@ -62,8 +62,7 @@ def ago(moment: datetime | None) -> str:
     """'12 s ago', kept fresh by the browser."""
     if moment is None:
         return format_html('<span class="muted">{}</span>', "never")
-    seconds = max(0, int((timezone.now() - moment).total_seconds()))
-    return format_html('<span class="ago" data-since="{}">{} ago</span>', moment.isoformat(), duration_text(timedelta(seconds=seconds)))
+    return format_html('<span class="ago" data-since="{}">{} ago</span>', moment.isoformat(), duration_text(timezone.now() - moment))
 
 
 @register.filter
@@ -106,14 +105,6 @@ def exit_words(item: Job | JobAttempt | TaskAttempt) -> str:
     if reason and reason.lower() not in words.lower():
         words = f"{words}: {reason}" if words else reason
     return words[:1].upper() + words[1:]
-
-
-@register.filter
-def state_label(state: str) -> str:
-    try:
-        return State(state).label
-    except ValueError:
-        return state.lower()
 
 
 @register.filter

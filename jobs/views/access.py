@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 
 from jobs.models import Job, TaskAttempt, TaskState
 from jobs.services import access
+from jobs.views.jobs import job_for_user
 
 # The add-key form's input survives the redirect back to the profile page
 # when it is refused, so the user can fix it instead of pasting it again.
@@ -23,14 +24,10 @@ class SshKeyForm(forms.Form):
                                  help_text="One line, as in ~/.ssh/id_ed25519.pub")
 
 
-def _job_for_user(request: HttpRequest, job_id: int) -> Job:
-    return get_object_or_404(Job.objects.visible_to(request.user), pk=job_id)
-
-
 def terminal(request: HttpRequest, job_id: int, attempt_id: int) -> HttpResponse:
     """The page holding the terminal; the shell itself comes over the
     WebSocket (jobs/terminal.py), which checks again who may open it."""
-    job = _job_for_user(request, job_id)
+    job = job_for_user(request, job_id)
     attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
     running = attempt.state == TaskState.RUNNING and bool(attempt.container_id)
     return render(request, "jobs/terminal.html", {"job": job, "attempt": attempt, "running": running})

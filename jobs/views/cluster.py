@@ -15,7 +15,7 @@ TASKS_LISTED_PER_NODE = 8
 
 @require_GET
 def virtual_clusters(request: HttpRequest) -> HttpResponse:
-    allowed = {vc.name for vc in VirtualCluster.objects.all() if vc.allows(request.user)}
+    allowed = set(VirtualCluster.objects.usable_by(request.user).values_list("name", flat=True))
     return render(request, "jobs/virtual_clusters.html", {"vcs": services.vc_usage(), "allowed": allowed})
 
 

@@ -8,13 +8,12 @@ platform (what the portal did for the task: image pull, code staging ...).
 
 from __future__ import annotations
 
-from django.db.models import Max
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
 from jobs import logs
-from jobs.models import FINAL_TASK_STATES, Job, LogLine, Stream, TaskAttempt
+from jobs.models import FINAL_TASK_STATES, Job, Stream, TaskAttempt
 
 TAIL_LINES = 500  # what the viewer shows first: the end of the log
 PAGE_LINES = 1000  # most lines one poll returns; the page asks again at once if there are more
@@ -22,8 +21,10 @@ SEARCH_RESULTS = 200
 
 
 def _attempt_for_user(request: HttpRequest, job_id: int, attempt_id: int) -> TaskAttempt:
-    job = get_object_or_404(Job.objects.visible_to(request.user), pk=job_id)
-    return get_object_or_404(TaskAttempt.objects.select_related("task", "job"), pk=attempt_id, job=job)
+    """The task attempt of a job the user may see, in one query (the tail is
+    polled every second); a 404 otherwise."""
+    attempts = TaskAttempt.objects.select_related("task", "job").filter(job__in=Job.objects.visible_to(request.user))
+    return get_object_or_404(attempts, pk=attempt_id, job_id=job_id)
 
 
 def _stream(name: str) -> Stream:
@@ -41,12 +42,6 @@ def _int_param(request: HttpRequest, name: str) -> int | None:
         return None
 
 
-def _last_seq(attempt_id: int, stream: Stream) -> int:
-    # One step down the (attempt, stream, seq) unique index, however long the log.
-    last = LogLine.objects.filter(attempt_id=attempt_id, stream=stream).aggregate(m=Max("seq"))["m"]
-    return -1 if last is None else last
-
-
 @require_GET
 def log_tail(request: HttpRequest, job_id: int, attempt_id: int, stream: str) -> HttpResponse:
     """Lines after `after` (a seq), or the last TAIL_LINES when `after` is
@@ -55,7 +50,7 @@ def log_tail(request: HttpRequest, job_id: int, attempt_id: int, stream: str) ->
     kind = _stream(stream)
     after = _int_param(request, "after")
     if after is None:
-        after = max(-1, _last_seq(attempt.pk, kind) - TAIL_LINES)
+        after = max(-1, logs.last_seq(attempt.pk, kind) - TAIL_LINES)
     after = max(-1, after)
     page = logs.read_lines(attempt.pk, kind, after=after, limit=PAGE_LINES)
     return render(request, "jobs/partials/log_lines.html", {
@@ -64,7 +59,6 @@ def log_tail(request: HttpRequest, job_id: int, attempt_id: int, stream: str) ->
         "next_cursor": page.next_cursor,
         "more": len(page.lines) >= PAGE_LINES,
         "final": attempt.state in FINAL_TASK_STATES,
-        "truncated": page.truncated,
     })
 
 

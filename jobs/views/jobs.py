@@ -22,7 +22,8 @@ from jobs.models import Job, JobAttempt, State, Stream, Task, TaskAttempt
 from jobs.services import access, listing
 
 
-def _job_for_user(request: HttpRequest, job_id: int) -> Job:
+def job_for_user(request: HttpRequest, job_id: int) -> Job:
+    """The job if the user may see it (owner or admin), else a 404."""
     return get_object_or_404(Job.objects.visible_to(request.user).select_related("owner", "virtual_cluster"), pk=job_id)
 
 
@@ -109,7 +110,7 @@ def _role_tables(job: Job, number: int, attempts: list[TaskAttempt]) -> list[Rol
     """One table per task role, in the config's order, for job attempt `number`."""
     by_task = {a.task_id: a for a in attempts if a.number == number}
     tasks: dict[str, list[Task]] = {}
-    for task in Task.objects.filter(job=job).order_by("role", "index"):
+    for task in job.tasks.order_by("role", "index"):  # through `job`: each task knows its job without a query
         tasks.setdefault(task.role, []).append(task)
     tables = []
     for role in job.config.get("taskRoles", []):
@@ -142,8 +143,9 @@ def _shown_attempt_number(request: HttpRequest, job: Job, job_attempts: list[Job
 
 def _detail_context(request: HttpRequest, job: Job) -> dict:
     job_attempts = list(job.attempts.all())
+    # Through `job` so each attempt's .job is this job (the access cell reads it per row).
     attempts = list(
-        TaskAttempt.objects.filter(job=job).select_related("task", "node", "job_attempt").order_by("number", "task__role", "task__index")
+        job.task_attempts.select_related("task", "node", "job_attempt").order_by("number", "task__role", "task__index")
     )
     number = _shown_attempt_number(request, job, job_attempts)
     waiting = job.state == State.WAITING
@@ -161,7 +163,7 @@ def _detail_context(request: HttpRequest, job: Job) -> dict:
 
 @require_GET
 def detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = _job_for_user(request, job_id)
+    job = job_for_user(request, job_id)
     context = _detail_context(request, job)
     context["config_raw"] = job.config_raw
     context["config_normalized"] = json.dumps(job.config, indent=2, ensure_ascii=False)
@@ -175,14 +177,14 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def detail_live(request: HttpRequest, job_id: int) -> HttpResponse:
     """The parts of a job's page that change while it runs (summary, task
     tables, the log viewer's task menu), polled by the page."""
-    job = _job_for_user(request, job_id)
+    job = job_for_user(request, job_id)
     return render(request, "jobs/partials/job_live.html", _detail_context(request, job))
 
 
 @require_http_methods(["GET", "POST"])
 def stop(request: HttpRequest, job_id: int) -> HttpResponse:
     """GET asks for confirmation (the page's dialog does it in place); POST stops."""
-    job = _job_for_user(request, job_id)
+    job = job_for_user(request, job_id)
     if request.method == "POST":
         _stop_with_message(request, job)
         return redirect("jobs:detail", job_id=job.pk)
@@ -203,7 +205,7 @@ def _is_plain_json(text: str) -> bool:
 @require_GET
 def config_download(request: HttpRequest, job_id: int, kind: str) -> HttpResponse:
     """The config as submitted (comments kept) or as normalized, as a file."""
-    job = _job_for_user(request, job_id)
+    job = job_for_user(request, job_id)
     if kind == "submitted":
         body = job.config_raw
         filename = f"{job.name}.json" if _is_plain_json(body) else f"{job.name}.jsonc"

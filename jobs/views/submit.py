@@ -12,13 +12,13 @@ from typing import Any
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods, require_POST
 
 from jobs import forms, services
-from jobs.models import Job
 from jobs.spec import SpecError, SpecProblem
+from jobs.views.jobs import job_for_user
 
 
 @require_http_methods(["GET", "POST"])
@@ -37,7 +37,7 @@ def _clone_text(request: HttpRequest, job_id: str) -> str:
     """Clone: the job's config as submitted, with a new name (owner or admin)."""
     if not job_id.isdigit():
         raise Http404("no such job")
-    job = get_object_or_404(Job.objects.visible_to(request.user), pk=int(job_id))
+    job = job_for_user(request, int(job_id))
     text = forms.clone_text(job, forms.clone_name(request.user, job))
     query = {key: request.GET[key] for key in forms.DIR_PREFILL_FIELDS if request.GET.get(key)}
     value = forms.decoded(text) if query else None
@@ -75,12 +75,13 @@ def _problems_of(exc: SpecError | services.SubmitError) -> list[SpecProblem]:
 def _render(request: HttpRequest, check: forms.DraftCheck, *, mode: str) -> HttpResponse:
     user = request.user
     initial: dict[str, Any] = {**check.as_json(), "mode": mode}
+    usable = forms.usable_vcs(user)
     context = {
         "check": check,
         "initial": initial,
         "form": forms.SubmitForm(initial={"config": check.text, "mode": mode}),
-        "vcs": forms.usable_vcs(user),
-        "default_vc": forms.default_vc_name(user),
+        "vcs": usable,
+        "default_vc": forms.default_vc_name(user, usable),
         "gpu_types": forms.gpu_types(),
         "images": forms.recent_images(user),
         "panel": forms.vc_panel(user, check),

@@ -77,7 +77,8 @@
     }
 
     function poll() {
-      var busy = Object.keys(states()).some(function (id) { return ACTIVE[states()[id]]; });
+      var shown = states();
+      var busy = Object.keys(shown).some(function (id) { return ACTIVE[shown[id]]; });
       setTimeout(function () {
         window.portal.fetchHtml(body.dataset.rowsUrl).then(swap).catch(function (err) {
           note.textContent = "Live updates paused: " + err.message;
@@ -142,15 +143,8 @@
           document.getElementById(b.getAttribute("aria-controls")).hidden = !on;
         });
       }
-      buttons.forEach(function (b, i) {
-        b.addEventListener("click", function () { show(b); });
-        b.addEventListener("keydown", function (event) {
-          var step = event.key === "ArrowRight" ? 1 : event.key === "ArrowLeft" ? -1 : 0;
-          if (!step) return;
-          var next = buttons[(i + step + buttons.length) % buttons.length];
-          show(next); next.focus();
-        });
-      });
+      buttons.forEach(function (b) { b.addEventListener("click", function () { show(b); }); });
+      window.portal.arrowKeyTabs(buttons, show);
       show(buttons.filter(function (b) { return b.getAttribute("aria-selected") === "true"; })[0] || buttons[0]);
     });
   }

@@ -155,15 +155,10 @@
 
   // ---- controls
   select.addEventListener("change", function () { open(select.value, s.stream); });
-  tabs.forEach(function (tab, i) {
+  tabs.forEach(function (tab) {
     tab.addEventListener("click", function () { open(s.attempt, tab.dataset.stream); });
-    tab.addEventListener("keydown", function (event) {
-      var step = event.key === "ArrowRight" ? 1 : event.key === "ArrowLeft" ? -1 : 0;
-      if (!step) return;
-      var next = tabs[(i + step + tabs.length) % tabs.length];
-      next.focus(); open(s.attempt, next.dataset.stream);
-    });
   });
+  window.portal.arrowKeyTabs(tabs, function (tab) { open(s.attempt, tab.dataset.stream); });
   root.addEventListener("click", function (event) {
     if (event.target.closest("[data-log-start]")) { jumpToStart(); return; }
     if (event.target.closest("[data-log-end]")) { jumpToEnd(); return; }

@@ -122,9 +122,21 @@
     });
   }
 
+  // Left and right arrow keys move between the tabs of a tablist (the
+  // WAI-ARIA tabs pattern); `choose(tab)` shows the tab reached.
+  function arrowKeyTabs(tabs, choose) {
+    tabs.forEach(function (tab, i) {
+      tab.addEventListener("keydown", function (event) {
+        var step = event.key === "ArrowRight" ? 1 : event.key === "ArrowLeft" ? -1 : 0;
+        if (!step) return;
+        var next = tabs[(i + step + tabs.length) % tabs.length];
+        choose(next); next.focus();
+      });
+    });
+  }
+
   function enhance(scope) { localTimes(scope); copyButtons(scope); }
-  window.portal = { enhance: enhance, fetchHtml: fetchHtml, durationText: durationText };
-  window.portalEnhance = enhance;
+  window.portal = { enhance: enhance, fetchHtml: fetchHtml, arrowKeyTabs: arrowKeyTabs };
   document.addEventListener("DOMContentLoaded", function () {
     enhance(document);
     navToggle();

@@ -13,7 +13,7 @@ from jobs.services import vc_usage
 
 
 def _allowed(request: HttpRequest) -> set[str]:
-    return {vc.name for vc in VirtualCluster.objects.prefetch_related("users") if vc.allows(request.user)}
+    return set(VirtualCluster.objects.usable_by(request.user).values_list("name", flat=True))
 
 
 @handler(Access.USER)

@@ -65,7 +65,7 @@ def _with_full_uris(spec: JobSpec, user: User) -> JobSpec:
         return storage.canonical_uri(value, user_name=user.username) if value else value
 
     return dataclasses.replace(spec, code_dir=full(spec.code_dir), data_dir=full(spec.data_dir),
-                               output_dir=full(spec.output_dir) or spec.output_dir, auth_file=full(spec.auth_file))
+                               output_dir=full(spec.output_dir), auth_file=full(spec.auth_file))
 
 
 def _upload_outputs_wanted(spec: JobSpec, asked: bool | None) -> bool:

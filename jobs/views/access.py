@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from jobs.models import Job, TaskAttempt, TaskState
+from jobs.models import Job, TaskAttempt
 from jobs.services import access
 from jobs.views.jobs import job_for_user
 
@@ -29,7 +29,7 @@ def terminal(request: HttpRequest, job_id: int, attempt_id: int) -> HttpResponse
     WebSocket (jobs/terminal.py), which checks again who may open it."""
     job = job_for_user(request, job_id)
     attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
-    running = attempt.state == TaskState.RUNNING and bool(attempt.container_id)
+    running = access.terminal_ready(attempt)
     return render(request, "jobs/terminal.html", {"job": job, "attempt": attempt, "running": running})
 
 

@@ -83,9 +83,11 @@ class NodeAgent:
         worker.work(with_scheduler=False, logging_level="WARNING")
 
     def shutdown(self) -> None:
-        """Stop our threads; containers keep running and are adopted on restart."""
+        """Stop our threads; containers keep running and are adopted on
+        restart, but no new task is placed here while we are away."""
         self._stopping.set()
         self.writer.stop()
+        services.node_leave(self.node.pk, os.getpid())
         queues.connection().delete(self._lock_key)
 
     def _take_node_lock(self) -> None:

@@ -10,6 +10,7 @@ so what lands on it stays allocated while the test checks every allocation.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections import Counter
@@ -33,6 +34,7 @@ def limited_node(cluster):
         name=f"t-fake-{gpu_type.lower()}", address="127.0.0.9", docker_host="unix:///nonexistent", cpus=6,
         memory_mb=6000, gpus=[{"index": i, "type": gpu_type} for i in range(4)], gpus_simulated=True,
         port_start=33000, port_end=33011, last_heartbeat=timezone.now(),
+        agent_pid=os.getpid(),  # this process beats for the node, as its agent would
     )
     beating = threading.Event()
 

@@ -236,10 +236,15 @@ def test_it_resumes_log_capture_after_the_node_agent_is_killed(alice, cluster):
 
 
 def test_it_relaunches_pending_launches_after_redis_is_flushed(alice, cluster):
+    import signal
+
     from jobs import queues
 
     agent = cluster.agent("t-node-b")
-    agent.stop()  # its queue fills up while it is away
+    # Killed, not stopped: a stopping agent takes its node out of placement,
+    # while a crashed one keeps it for a few heartbeats, and its queue fills
+    # up while it is away.
+    agent.stop(signal.SIGKILL)
     job = submit(alice, config("flush", role(command="echo survived", gpus=1), gpuType="TITANX"))
     wait_state(job, State.RUNNING)
     queues.connection().flushdb()
@@ -372,3 +377,15 @@ def test_it_runs_code_from_a_folder_given_relative_to_the_users_home(alice):
     assert job.config_raw.count('"codeDir": "code"') == 1  # as submitted
     assert job.config["codeDir"] == f"file:///{alice.username}/code"
     assert lines(job) == [f"training in /pai/work with file:///{alice.username}/code"]
+
+
+def test_it_places_nothing_on_a_node_whose_agent_stopped(alice, cluster):
+    cluster.start_agent("t-node-leave", ports=cluster.port_range(5), gpus=1, gpu_type="LEAVETEST")
+    cluster.agent("t-node-leave").stop()
+    job = submit(alice, config("afterleave", role(command="true", gpus=1), gpuType="LEAVETEST"))
+    wait_for(lambda: "LEAVETEST" in type(job).objects.get(pk=job.pk).waiting_reason, what="a reason to wait")
+    job.refresh_from_db()
+    assert job.state == State.WAITING and not TaskAttempt.objects.filter(job=job).exists()
+    cluster.start_agent("t-node-leave", ports=cluster.port_range(5), gpus=1, gpu_type="LEAVETEST")
+    assert wait_state(job, State.SUCCEEDED).exit_type == ExitType.SUCCEEDED
+    cluster.agent("t-node-leave").stop()

@@ -3,7 +3,7 @@
     submission  job_submit, suggest_job_name, parse_for_user, spec_of, virtual_cluster_for
     lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
     scheduling  schedule_pass
-    nodes       node_register, node_heartbeat, nodes_mark_lost
+    nodes       node_register, node_heartbeat, node_leave, nodes_mark_lost
     cluster     vc_usage, node_usage, queue_position, never_fits_reason, config_fit (read-only)
     listing     the job list's filters, sorting and pages (read-only)
     access      port links, Jupyter and SSH access, idle notices; users' SSH keys
@@ -29,7 +29,7 @@ from jobs.services.cluster import (
     queue_position,
     vc_usage,
 )
-from jobs.services.nodes import NodeInfo, node_heartbeat, node_register, nodes_mark_lost
+from jobs.services.nodes import NodeInfo, node_heartbeat, node_leave, node_register, nodes_mark_lost
 from jobs.services.scheduling import schedule_pass
 from jobs.services.submission import (
     SubmitError,
@@ -44,6 +44,6 @@ __all__ = [
     "ContainerExit", "JobStateError", "NodeInfo", "SubmitError",
     "attempt_claim_launch", "attempt_keep_for_debug", "attempt_mark_running", "attempt_record_exit",
     "attempt_unclaim", "job_delete", "job_stop", "never_fits_reason", "node_usage",
-    "queue_position", "vc_usage", "job_submit", "node_heartbeat", "node_register", "nodes_mark_lost",
+    "queue_position", "vc_usage", "job_submit", "node_heartbeat", "node_leave", "node_register", "nodes_mark_lost",
     "parse_for_user", "schedule_pass", "spec_of", "suggest_job_name", "virtual_cluster_for",
 ]

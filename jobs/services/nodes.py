@@ -52,6 +52,14 @@ def node_heartbeat(node_id: int) -> bool:
     return Node.objects.filter(pk=node_id).update(last_heartbeat=now) == 1
 
 
+def node_leave(node_id: int, agent_pid: int) -> None:
+    """The node's agent is stopping: place no new tasks there until an agent
+    registers it again. Its running tasks are left alone (a restarted agent
+    adopts them), and the node is declared lost on the usual schedule if no
+    agent comes back. Only the agent that owns the node may say so."""
+    Node.objects.filter(pk=node_id, agent_pid=agent_pid).update(agent_pid=None)
+
+
 def placement_cutoff(now: datetime | None = None) -> datetime:
     """Nodes heard from after this may get new tasks: a node that missed a
     few heartbeats gets no new work even before it is declared lost."""

@@ -41,7 +41,8 @@ MAX_JOBS_PER_PASS = 2000
 
 def ready_nodes() -> list[Node]:
     return list(
-        Node.objects.filter(status=Node.Status.READY, schedulable=True, last_heartbeat__gte=placement_cutoff())
+        Node.objects.filter(status=Node.Status.READY, schedulable=True, last_heartbeat__gte=placement_cutoff(),
+                            agent_pid__isnull=False)
         .order_by("name")
     )
 

@@ -317,6 +317,11 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
     decision = Decision()
     blocked: dict[str, int] = {}
     passed_over: dict[str, list[JobRequest]] = defaultdict(list)
+    # Why a request does not fit, by what it asks for. Until the next
+    # placement changes the nodes and quotas, a job asking for exactly the
+    # same (a sweep of one config) gets the same answer, so a queue of
+    # thousands of alike jobs costs one look per kind of request.
+    no_fit: dict[tuple, tuple[str, bool]] = {}
     for job in jobs:
         quota = quotas.get(job.vc)
         if quota is None:
@@ -328,20 +333,24 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
                 f"goes first in virtual cluster '{job.vc}'"
             )
             continue
-        placements = place_job(job, nodes, quota)
-        if placements is not None:
-            decision.placed[job.id] = placements
-            for earlier in passed_over[job.vc]:
-                decision.overtaken[earlier.id] += 1
-                if earlier.overtaken + decision.overtaken[earlier.id] >= max_overtakes and job.vc not in blocked:
-                    blocked[job.vc] = earlier.id
-            continue
-        reason = never_fits(job, nodes, quota)
-        if reason:
+        kind = (job.vc, job.gpu_type, job.roles)
+        if kind not in no_fit:
+            placements = place_job(job, nodes, quota)
+            if placements is not None:
+                no_fit.clear()
+                decision.placed[job.id] = placements
+                for earlier in passed_over[job.vc]:
+                    decision.overtaken[earlier.id] += 1
+                    if earlier.overtaken + decision.overtaken[earlier.id] >= max_overtakes and job.vc not in blocked:
+                        blocked[job.vc] = earlier.id
+                continue
+            never = never_fits(job, nodes, quota)
+            no_fit[kind] = (never, True) if never else (explain_wait(job, nodes, quota), False)
+        reason, never = no_fit[kind]
+        decision.waiting[job.id] = reason
+        if never:
             decision.never_fits.add(job.id)
-            decision.waiting[job.id] = reason
             continue
-        decision.waiting[job.id] = explain_wait(job, nodes, quota)
         passed_over[job.vc].append(job)
         if job.overtaken >= max_overtakes:
             blocked[job.vc] = job.id

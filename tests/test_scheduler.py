@@ -168,3 +168,33 @@ def test_all_tasks_succeeding_succeeds_the_job():
     spec = spec_of(role_cfg("w", 2))
     assert judge(spec, results(("w", 0, "SUCCEEDED"), ("w", 1, None))) is None
     assert judge(spec, results(("w", 0, "SUCCEEDED"), ("w", 1, "SUCCEEDED"))).reason == "all tasks succeeded"
+
+
+def test_it_answers_alike_jobs_alike_until_a_placement_changes_the_cluster():
+    # A sweep: many jobs asking for the same. Two fit; the rest wait with the
+    # same reason, and a different, smaller request later in the queue is
+    # still looked at on its own (backfilled).
+    nodes = [node(1, "a", cpus=4)]
+    sweep = [job(i, r(cpus=2)) for i in range(1, 6)]
+    small = job(6, r(cpus=1, memory=10))
+    decision = schedule([*sweep, small], nodes, big_quota(), max_overtakes=10)
+    assert sorted(decision.placed) == [1, 2]
+    assert decision.waiting[3] == decision.waiting[4] == decision.waiting[5]
+    assert "needs 1 task of role main with 2 CPUs" in decision.waiting[3]
+    assert 6 not in decision.placed  # the node is full: 4 CPUs taken
+    nodes = [node(1, "a", cpus=5)]
+    decision = schedule([*sweep, small], nodes, big_quota(), max_overtakes=10)
+    assert sorted(decision.placed) == [1, 2, 6]
+    assert decision.overtaken == {3: 1, 4: 1, 5: 1}
+
+
+def test_it_blocks_behind_an_alike_job_overtaken_too_often():
+    # Job 2 was overtaken three times: it and its alike job 1 wait with the
+    # same reason, and no later job of the virtual cluster may start.
+    nodes = [node(1, "a", cpus=4)]
+    waiting = [job(1, r(cpus=3)), job(2, r(cpus=3), overtaken=3), job(3, r(cpus=1))]
+    nodes[0].used_cpus = 2
+    decision = schedule(waiting, nodes, big_quota(), max_overtakes=3)
+    assert decision.placed == {}
+    assert decision.waiting[1] == decision.waiting[2]
+    assert "queued behind job #2" in decision.waiting[3]

@@ -216,27 +216,66 @@ def _apply(job: Job, placements: list[scheduler.Placement], nodes: dict[int, Nod
     return [(a.node_name, a.pk) for a in attempts]
 
 
+@dataclass
+class _Plan:
+    nodes: list[Node]
+    waiting: list[_Waiting]
+    decision: scheduler.Decision
+
+
+def _plan() -> _Plan:
+    nodes = ready_nodes()
+    states = node_states(nodes)
+    waiting = _waiting_jobs()
+    decision = scheduler.schedule(
+        _requests(waiting), states, quotas(states), max_overtakes=settings.SCHEDULER_MAX_OVERTAKES,
+    )
+    return _Plan(nodes, waiting, decision)
+
+
+def _record_waiting(plan: _Plan) -> None:
+    """Store the changed waiting reasons: one UPDATE per distinct reason (a
+    queue of alike jobs shares one), only for jobs still waiting."""
+    changed: dict[str, list[int]] = defaultdict(list)
+    for job in plan.waiting:
+        reason = plan.decision.waiting.get(job.id, job.waiting_reason)
+        if job.id not in plan.decision.placed and reason != job.waiting_reason:
+            changed[reason].append(job.id)
+    for reason, ids in changed.items():
+        Job.objects.filter(pk__in=ids, state=State.WAITING).update(waiting_reason=reason)
+
+
+def _place(plan: _Plan) -> list[tuple[str, int]]:
+    """Write the plan's placements; (node name, attempt id) to launch."""
+    by_id = {node.pk: node for node in plan.nodes}
+    launches: list[tuple[str, int]] = []
+    for job_id, placements in plan.decision.placed.items():
+        launches.extend(_apply(Job.objects.get(pk=job_id), placements, by_id))
+        _roles_cache.pop(job_id, None)
+    for job_id, count in plan.decision.overtaken.items():
+        Job.objects.filter(pk=job_id, state=State.WAITING).update(overtaken=F("overtaken") + count)
+    return launches
+
+
 def schedule_pass() -> int:
-    """Start every waiting job that fits now; returns how many started."""
+    """Start every waiting job that fits now; returns how many started.
+
+    A first look is taken without the write lock: on SQLite that lock is
+    the whole database's, and a pass over thousands of waiting jobs would
+    hold up every submission meanwhile. Only when a job can start is the
+    pass done again under the lock, so placements see every allocation
+    committed before them."""
     queues.schedule_pass_started()
     nodes_mark_lost()
-    launches: list[tuple[str, int]] = []
+    plan = _plan()
+    if not plan.decision.placed:
+        with transaction.atomic():
+            _record_waiting(plan)
+        return 0
     with transaction.atomic():
         list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
-        nodes = ready_nodes()
-        states = node_states(nodes)
-        waiting = _waiting_jobs()
-        decision = scheduler.schedule(
-            _requests(waiting), states, quotas(states), max_overtakes=settings.SCHEDULER_MAX_OVERTAKES,
-        )
-        by_id = {node.pk: node for node in nodes}
-        for job in waiting:
-            if job.id in decision.placed:
-                launches.extend(_apply(Job.objects.get(pk=job.id), decision.placed[job.id], by_id))
-                _roles_cache.pop(job.id, None)
-            elif decision.waiting.get(job.id, job.waiting_reason) != job.waiting_reason:
-                Job.objects.filter(pk=job.id, state=State.WAITING).update(waiting_reason=decision.waiting[job.id])
-        for job_id, count in decision.overtaken.items():
-            Job.objects.filter(pk=job_id, state=State.WAITING).update(overtaken=F("overtaken") + count)
+        plan = _plan()
+        launches = _place(plan)
+        _record_waiting(plan)
         transaction.on_commit(lambda: [queues.enqueue_launch(name, attempt_id) for name, attempt_id in launches])
     return len({attempt_id for _name, attempt_id in launches})

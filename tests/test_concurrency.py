@@ -94,3 +94,62 @@ def test_it_never_double_allocates_under_fifty_concurrent_submissions(alice, lim
     running = jobs.filter(state=State.RUNNING)
     assert running.count() == len(active)
     assert all(j.waiting_reason for j in jobs.filter(state=State.WAITING))
+
+
+def test_it_stores_submissions_that_queue_together_in_one_transaction(alice, redis_server):
+    # A write is under way (the flag is held by this test): five submissions
+    # queue up behind it, one with a name alice already has and two with the
+    # same new name. When the lead is handed over, one write stores them:
+    # the taken and the repeated name are refused, the rest stored whole.
+    from jobs.services import job_store
+
+    services.job_submit(owner=alice, config=_plain("taken"))
+    names = ["taken", "twice", "twice", "sweep-1", "sweep-2"]
+    results: dict[int, str] = {}
+    inserts: list[int] = []
+    real_insert = job_store._insert
+
+    def counting_insert(batch):
+        inserts.append(len(batch))
+        real_insert(batch)
+
+    def submit(i: int) -> None:
+        try:
+            services.job_submit(owner=alice, config=_plain(names[i]))
+            results[i] = "stored"
+        except services.SubmitError as exc:
+            results[i] = exc.code
+        finally:
+            connection.close()
+
+    with job_store._queue.ready:
+        assert not job_store._queue.writing
+        job_store._queue.writing = True
+    job_store._insert = counting_insert
+    try:
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(names))]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(job_store._queue.waiting) == len(names), what="five queued submissions")
+        with job_store._queue.ready:
+            job_store._queue.waiting[0].leads = True
+            job_store._queue.ready.notify_all()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        job_store._insert = real_insert
+    assert inserts[0] == len(names)  # first tried as one batch, then one by one
+    assert sorted(results.values()) == ["ConflictJobError", "ConflictJobError", "stored", "stored", "stored"]
+    assert results[0] == "ConflictJobError"
+    for name in ("taken", "twice", "sweep-1", "sweep-2"):
+        job = Job.objects.get(owner=alice, name=name)
+        assert job.attempts.count() == 1 and job.tasks.count() == 2
+    assert not job_store._queue.writing and not job_store._queue.waiting
+
+
+def _plain(name: str) -> str:
+    return json.dumps({
+        "jobName": name, "image": "pai-local/busybox:latest", "virtualCluster": "default",
+        "taskRoles": [{"name": "main", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 100, "gpuNumber": 0,
+                       "command": "true"}],
+    })

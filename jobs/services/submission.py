@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 
-from jobs import keys, queues, storage
-from jobs.models import Job, JobAttempt, Task, User, VirtualCluster
+from jobs import keys, storage
+from jobs.models import Job, User, VirtualCluster
+from jobs.services import job_store
 from jobs.spec import JobSpec, ParsedConfig, SpecError, SpecProblem, parse_job_config, parse_job_value
 
 
@@ -78,34 +78,32 @@ def _upload_outputs_wanted(spec: JobSpec, asked: bool | None) -> bool:
 
 def job_submit(*, owner: User, config: str | bytes | ParsedConfig, upload_outputs: bool | None = None) -> Job:
     """Validate a v1 config and queue the job. Raises SpecError or SubmitError."""
+    with job_store.submitting():
+        return _submit(owner, config, upload_outputs)
+
+
+def _submit(owner: User, config: str | bytes | ParsedConfig, upload_outputs: bool | None) -> Job:
     parsed = config if isinstance(config, ParsedConfig) else parse_for_user(config, user=owner)
     spec = parsed.spec
     vc = virtual_cluster_for(owner, spec.virtual_cluster)
-    if Job.objects.filter(owner=owner, name=spec.job_name).exists():
-        raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName")
+    # A taken name is found by the unique constraint when the job is stored
+    # (a query here could not close the race with a concurrent submission).
     _check_storage(owner, spec)
     spec = _with_full_uris(spec, owner)
     private_key, public_key = keys.new_key_pair(f"pai-job-{owner.username}-{spec.job_name}")
+    job = Job(
+        owner=owner, name=spec.job_name, virtual_cluster=vc, config_raw=parsed.raw,
+        config=spec.to_config(), warnings=[w.as_dict() for w in parsed.warnings],
+        retry_limit=spec.retry_count, total_tasks=spec.total_tasks, total_gpus=spec.total_gpus,
+        total_roles=len(spec.task_roles), gpu_type=spec.gpu_type or "",
+        ssh_private_key=private_key, ssh_public_key=public_key,
+        upload_outputs=_upload_outputs_wanted(spec, upload_outputs),
+        waiting_reason="waiting for the scheduler",
+    )
     try:
-        with transaction.atomic():
-            job = Job.objects.create(
-                owner=owner, name=spec.job_name, virtual_cluster=vc, config_raw=parsed.raw,
-                config=spec.to_config(), warnings=[w.as_dict() for w in parsed.warnings],
-                retry_limit=spec.retry_count, total_tasks=spec.total_tasks, total_gpus=spec.total_gpus,
-                total_roles=len(spec.task_roles), gpu_type=spec.gpu_type or "",
-                ssh_private_key=private_key, ssh_public_key=public_key,
-                upload_outputs=_upload_outputs_wanted(spec, upload_outputs),
-                waiting_reason="waiting for the scheduler",
-            )
-            JobAttempt.objects.create(job=job, number=1)
-            Task.objects.bulk_create(
-                Task(job=job, role=role.name, index=index)
-                for role in spec.task_roles for index in range(role.task_number)
-            )
-            transaction.on_commit(queues.request_schedule)
-    except IntegrityError:
+        return job_store.store(job, roles=[(role.name, role.task_number) for role in spec.task_roles])
+    except job_store.NameTaken:
         raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName") from None
-    return job
 
 
 def suggest_job_name(owner: User, base: str) -> str:

@@ -1,0 +1,139 @@
+"""Storing accepted jobs: submissions that arrive together share one write
+transaction (group commit).
+
+On SQLite every write transaction takes the whole database's write lock,
+and each one pays for BEGIN, three INSERTs and COMMIT. Under a burst of
+submissions (a script sweeping hyperparameters, eight clients at once) a
+process therefore stores the jobs that queued up while its previous write
+ran in one transaction: one lock, one INSERT per table, one commit, one
+wake-up for the scheduler. A lone submission is written at once, as before.
+
+Leader and followers: the first submission to find no write under way
+writes everything queued so far, its own included; the ones that arrive
+meanwhile wait, and when the write ends the oldest of them leads the next
+one. Like PostgreSQL's commit_delay, a leader that knows of other
+submissions still being checked in this process waits for them, at most
+COMMIT_DELAY, so that they join its transaction. Nobody returns before
+their job is committed, so a 202 still means the job is stored.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, connection, transaction
+
+from jobs import queues
+from jobs.models import Job, JobAttempt, Task
+
+
+# Seconds a leader waits for the submissions this process is still checking.
+COMMIT_DELAY = 0.002
+
+
+class NameTaken(Exception):
+    """The owner already has a job of that name."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    job: Job  # not saved yet
+    roles: list[tuple[str, int]]  # (task role, task number)
+    done: bool = False
+    leads: bool = False
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _Queue:
+    ready: threading.Condition = field(default_factory=threading.Condition)
+    waiting: list[_Pending] = field(default_factory=list)
+    writing: bool = False
+    submitting: int = 0  # submissions under way in this process, queued or not
+
+
+_queue = _Queue()
+
+
+@contextmanager
+def submitting() -> Iterator[None]:
+    """Around a whole submission: lets a leader know who else is coming."""
+    with _queue.ready:
+        _queue.submitting += 1
+    try:
+        yield
+    finally:
+        with _queue.ready:
+            _queue.submitting -= 1
+            _queue.ready.notify_all()
+
+
+def store(job: Job, *, roles: list[tuple[str, int]]) -> Job:
+    """Save `job`, its first attempt and its tasks, and ask for a scheduling
+    pass after the commit. Raises NameTaken."""
+    pending = _Pending(job, roles)
+    if connection.in_atomic_block:
+        _write([pending])  # the caller's transaction decides when this commits
+    else:
+        with _queue.ready:
+            _queue.waiting.append(pending)
+            _queue.ready.notify_all()
+            if _queue.writing:
+                _queue.ready.wait_for(lambda: pending.done or pending.leads)
+            else:
+                _queue.writing = True
+        if not pending.done:
+            _lead()
+    if pending.error is not None:
+        raise pending.error
+    return job
+
+
+def _lead() -> None:
+    """Write everything queued, then wake its owners and hand the lead on."""
+    with _queue.ready:
+        _queue.ready.wait_for(lambda: len(_queue.waiting) >= _queue.submitting, timeout=COMMIT_DELAY)
+        batch, _queue.waiting = _queue.waiting, []
+    try:
+        _write(batch)
+    except BaseException as exc:  # every owner hears of it, not only the leader
+        for pending in batch:
+            pending.error = pending.error or exc
+    finally:
+        with _queue.ready:
+            for pending in batch:
+                pending.done = True
+            if _queue.waiting:
+                _queue.waiting[0].leads = True
+            else:
+                _queue.writing = False
+            _queue.ready.notify_all()
+
+
+def _write(batch: list[_Pending]) -> None:
+    try:
+        with transaction.atomic():
+            _insert(batch)
+        return
+    except IntegrityError:
+        if len(batch) == 1:
+            batch[0].error = NameTaken()
+            return
+    # Some name in the batch is taken (or given twice): store them one by
+    # one so that only those fail.
+    for pending in batch:
+        pending.job.pk = None  # in case the rolled-back INSERT had set it
+        _write([pending])
+
+
+def _insert(batch: list[_Pending]) -> None:
+    jobs = Job.objects.bulk_create([pending.job for pending in batch])
+    JobAttempt.objects.bulk_create(JobAttempt(job=job, number=1) for job in jobs)
+    Task.objects.bulk_create(
+        Task(job=pending.job, role=role, index=index)
+        for pending in batch for role, count in pending.roles for index in range(count)
+    )
+    transaction.on_commit(queues.request_schedule)

@@ -139,8 +139,8 @@ class Cluster:
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         process = self._spawn("gunicorn", [
-            sys.executable, "-m", "gunicorn", "portal.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
-            "-w", "2", "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--timeout", "120",
+            sys.executable, "-m", "gunicorn", "-c", "portal/gunicorn.conf.py", "-w", "2", "-b", f"127.0.0.1:{port}",
+            "--graceful-timeout", "5",
         ])
 
         def answers() -> bool:

@@ -24,9 +24,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stack_folder(name: str) -> Path:
+    """Where the stack `name` keeps its database, storage and logs."""
+    return ROOT / "var" / "bench" / name
+
+
 class Stack:
     def __init__(self, name: str) -> None:
-        self.var = ROOT / "var" / "bench" / name
+        self.var = stack_folder(name)
         shutil.rmtree(self.var, ignore_errors=True)
         (self.var / "log").mkdir(parents=True)
         self.redis_port = free_port()
@@ -57,7 +62,7 @@ class Stack:
         self.processes[name] = process
         return process
 
-    def start(self, *, agent_args: list[str], gunicorn: bool = True, workers: int = 4) -> None:
+    def start(self, *, agent_args: list[str], gunicorn: bool = True) -> None:
         self._spawn("redis", ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port),
                               "--requirepass", self.password, "--save", "", "--appendonly", "no"])
         manage = [PY, str(ROOT / "manage.py")]
@@ -67,9 +72,8 @@ class Stack:
         if gunicorn:
             port = free_port()
             self.base_url = f"http://127.0.0.1:{port}"
-            self._spawn("gunicorn", [PY, "-m", "gunicorn", "portal.asgi:application", "-k",
-                                     "uvicorn_worker.UvicornWorker", "-w", str(workers), "-b", f"127.0.0.1:{port}",
-                                     "--timeout", "120"])
+            self._spawn("gunicorn", [PY, "-m", "gunicorn", "-c", str(ROOT / "portal" / "gunicorn.conf.py"),
+                                     "-b", f"127.0.0.1:{port}"])
         self._wait_ready(gunicorn)
 
     def _wait_ready(self, gunicorn: bool) -> None:

@@ -47,8 +47,10 @@ def _queue(name: str) -> Queue:
 
 def request_schedule() -> None:
     """Ask for a scheduling pass soon. Many requests before the pass starts
-    make one pass: the flag is cleared when a pass begins."""
-    if connection().set(_schedule_flag(), "1", nx=True, ex=30):
+    make one pass: the flag is cleared when a pass begins. It also expires
+    soon, because a pass request can be lost (an agent stopped just as it
+    took it from the queue) and must not silence later requests for long."""
+    if connection().set(_schedule_flag(), "1", nx=True, ex=5):
         _queue(scheduler_queue_name()).enqueue(
             "jobs.tasks.schedule", job_timeout=SCHEDULE_TIMEOUT, result_ttl=0, failure_ttl=86400
         )

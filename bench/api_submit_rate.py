@@ -129,11 +129,15 @@ def _in_parallel(clients: int, jobs: int, work: Callable[[int, list[int]], None]
     return elapsed
 
 
+def _stack_name(round_number: int) -> str:
+    return f"api-submit-rate-{round_number}"
+
+
 def portal_rate(jobs: int, clients: int, *, run_jobs: bool, round_number: int = 1) -> float:
     # A folder per round, all removed at the end: each job's outputDir is a
     # new folder, and ext4 makes new inodes slowly for a minute after
     # thousands were deleted (an earlier round's), which would be measured.
-    stack = Stack(f"api-submit-rate-{round_number}")
+    stack = Stack(_stack_name(round_number))
     try:
         stack.start(agent_args=["--cpus", "4", "--memory-mb", "8192", "--ports", "18000-18999"])
         _setup_portal(stack)
@@ -214,12 +218,15 @@ def main() -> None:
     _ensure_slurm()
 
     portal_rates, slurm_rates = [], []
-    for round_number in range(1, args.rounds + 1):
-        portal_rates.append(portal_rate(args.jobs, args.clients, run_jobs=args.run, round_number=round_number))
-        slurm_rates.append(sbatch_rate(args.jobs, args.clients))
-        print(f"round {round_number}: portal {portal_rates[-1]:.1f} jobs/s, slurm {slurm_rates[-1]:.1f} jobs/s", flush=True)
-    for round_number in range(1, args.rounds + 1):
-        shutil.rmtree(stack_folder(f"api-submit-rate-{round_number}"), ignore_errors=True)
+    try:
+        for round_number in range(1, args.rounds + 1):
+            portal_rates.append(portal_rate(args.jobs, args.clients, run_jobs=args.run, round_number=round_number))
+            slurm_rates.append(sbatch_rate(args.jobs, args.clients))
+            print(f"round {round_number}: portal {portal_rates[-1]:.1f} jobs/s, slurm {slurm_rates[-1]:.1f} jobs/s",
+                  flush=True)
+    finally:
+        for round_number in range(1, args.rounds + 1):
+            shutil.rmtree(stack_folder(_stack_name(round_number)), ignore_errors=True)
     portal, slurm = statistics.median(portal_rates), statistics.median(slurm_rates)
     print(f"portal: {args.jobs} jobs from {args.clients} clients through POST /api/v1/user/<u>/jobs: "
           f"{portal:.1f} jobs/s (median of {args.rounds})")

@@ -269,8 +269,9 @@ def schedule_pass() -> int:
     nodes_mark_lost()
     plan = _plan()
     if not plan.decision.placed:
-        with transaction.atomic():
-            _record_waiting(plan)
+        # Each reason's UPDATE stands on its own; no transaction, so a pass
+        # that changes nothing never takes the write lock at all.
+        _record_waiting(plan)
         return 0
     with transaction.atomic():
         list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))

@@ -209,6 +209,42 @@ def test_it_rejects_expired_and_revoked_tokens(cluster, alice):
     assert "revoked" in expect(api.get("/jobs"), 401, "UnauthorizedUserError")["message"]
 
 
+def test_remembered_permissions_follow_every_change_at_once(cluster, alice, admin_user):
+    """The portal keeps who a token is and who may use a cluster between calls
+    (jobs/services/permissions_memo.py); every change, made by another process
+    here, must still count from the very next call."""
+    vc = hold_vc(f"memo_{alice.username}", alice)
+    api, admin = login(cluster.base_url, alice), login(cluster.base_url, admin_user)
+    names, vc_name = iter(f"m{n}" for n in range(100)), vc.name
+
+    def submit(status: int, code: str | None = None) -> None:
+        expect(api.post(f"/user/{alice.username}/jobs", config(next(names), role(), virtualCluster=vc_name)), status, code)
+
+    submit(202)
+    submit(202)  # the same answers again, now remembered
+    vc.users.remove(alice)
+    submit(403, "ForbiddenUserError")
+    vc.users.add(alice)
+    submit(202)
+    expect(admin.put(f"/user/{alice.username}/virtualClusters", {"virtualClusters": "default"}), 201)
+    submit(403, "ForbiddenUserError")
+    vc.open_to_all = True
+    vc.save()
+    submit(202)
+    vc.name += "_renamed"
+    vc.save()
+    submit(404, "NoVirtualClusterError")
+
+    alice.is_active = False
+    alice.save()
+    assert "disabled" in expect(api.get("/jobs"), 401, "UnauthorizedUserError")["message"]
+    alice.is_active = True
+    alice.save()
+    expect(api.get("/jobs"), 200)
+    ApiToken.objects.filter(user=alice).delete()
+    expect(api.get("/jobs"), 401, "UnauthorizedUserError")
+
+
 def test_it_takes_the_browser_session_with_csrf_for_changes(cluster, alice):
     web = web_login(cluster.base_url, alice)
     assert expect(web.get(f"{cluster.base_url}/api/v1/jobs"), 200) == []

@@ -8,6 +8,7 @@
     listing     the job list's filters, sorting and pages (read-only)
     access      port links, Jupyter and SSH access, idle notices; users' SSH keys
     tokens      API tokens: create, authenticate, revoke
+    permissions_memo  per-process memo of token and virtual-cluster answers
     users       admin user management for the REST API
     ratelimit   failed-login limits (API and login form)
 """

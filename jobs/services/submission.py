@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from django.conf import settings
 
 from jobs import keys, storage
 from jobs.models import Job, User, VirtualCluster
-from jobs.services import job_store
+from jobs.services import job_store, permissions_memo
 from jobs.spec import JobSpec, ParsedConfig, SpecError, SpecProblem, parse_job_config, parse_job_value
 
 
@@ -36,7 +37,13 @@ def spec_of(job: Job) -> JobSpec:
 
 def virtual_cluster_for(user: User, name: str) -> VirtualCluster:
     """The virtual cluster `name` if `user` may submit to it; else SubmitError
-    (Submit Job's live check shows the same message)."""
+    (Submit Job's live check shows the same message). A yes is remembered
+    until permissions change (a sweep asks it for every job); a no is not."""
+    vc = permissions_memo.remembered(("vc", user.pk, name), lambda: _virtual_cluster_allowed(user, name))
+    return copy.copy(vc)  # the caller's own: it becomes a job's related object
+
+
+def _virtual_cluster_allowed(user: User, name: str) -> VirtualCluster:
     try:
         vc = VirtualCluster.objects.get(name=name)
     except VirtualCluster.DoesNotExist:

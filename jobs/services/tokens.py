@@ -7,6 +7,7 @@ hand out working tokens; the token itself is shown once, when it is made.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.models import ApiToken, User
+from jobs.services import permissions_memo
 
 TOKEN_PREFIX = "pai_"
 # Tokens from POST /api/v1/token: OpenPAI's `expiration`, in seconds.
@@ -54,7 +56,9 @@ def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToke
 
 def token_revoke(*, token: ApiToken) -> bool:
     """Revoke a token; False if it already was."""
-    return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
+    revoked = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
+    permissions_memo.permissions_changed()  # an UPDATE sends no signal
+    return revoked
 
 
 class TokenRejected(Exception):
@@ -65,8 +69,11 @@ def token_authenticate(key: str) -> User:
     """The user a bearer token stands for, or TokenRejected saying why."""
     if not key.startswith(TOKEN_PREFIX) or len(key) > 200:
         raise TokenRejected("the token is not valid")
+    digest = _hash(key)
     try:
-        token = ApiToken.objects.select_related("user").get(key_hash=_hash(key))
+        # The token row and its user are shared by this process's threads:
+        # read, never changed, except last_used_at below.
+        token = permissions_memo.remembered(("token", digest), lambda: _token_with_user(digest))
     except ApiToken.DoesNotExist:
         raise TokenRejected("the token is not valid") from None
     now = timezone.now()
@@ -78,4 +85,9 @@ def token_authenticate(key: str) -> User:
         raise TokenRejected("the token's user is disabled")
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+        token.last_used_at = now  # so this process writes it once a minute, not per call
+    return copy.copy(token.user)  # the caller's own, free to change
+
+
+def _token_with_user(digest: str) -> ApiToken:
+    return ApiToken.objects.select_related("user").get(key_hash=digest)

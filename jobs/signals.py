@@ -1,0 +1,57 @@
+"""Signal receivers: changes to who may do what drop the permissions memo,
+and each request reads the memo's generation once.
+
+Saves, deletes and membership changes made through the ORM (the admin, the
+REST API, management commands) all arrive here; the few queryset UPDATEs on
+these rows (token_revoke) call permissions_changed themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.signals import request_finished, request_started
+from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.dispatch import receiver
+
+from jobs.models import ApiToken, User, VirtualCluster
+from jobs.services import permissions_memo
+from jobs.services.permissions_memo import permissions_changed
+
+# A login writes last_login; nothing remembered depends on it, and a login
+# must not make every process ask the database again.
+_IRRELEVANT_UPDATES = frozenset({"last_login"})
+
+
+@receiver(post_save, sender=User)
+@receiver(post_save, sender=ApiToken)
+@receiver(post_save, sender=VirtualCluster)
+def _saved(sender: type, created: bool, update_fields: frozenset[str] | None, **kwargs: Any) -> None:
+    # A new row cannot make a remembered answer wrong: answers are kept only
+    # for rows that existed (an unknown token or cluster is never remembered).
+    if created or (update_fields is not None and update_fields <= _IRRELEVANT_UPDATES):
+        return
+    permissions_changed()
+
+
+@receiver(post_delete, sender=User)
+@receiver(post_delete, sender=ApiToken)
+@receiver(post_delete, sender=VirtualCluster)
+def _deleted(sender: type, **kwargs: Any) -> None:
+    permissions_changed()
+
+
+@receiver(m2m_changed, sender=VirtualCluster.users.through)
+def _membership_changed(sender: type, action: str, **kwargs: Any) -> None:
+    if action.startswith("post_"):
+        permissions_changed()
+
+
+@receiver(request_started)
+def _request_started(sender: Any, **kwargs: Any) -> None:
+    permissions_memo.request_started()
+
+
+@receiver(request_finished)
+def _request_finished(sender: Any, **kwargs: Any) -> None:
+    permissions_memo.request_finished()

@@ -15,7 +15,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 get_asgi_application()  # sets Django up before the imports below
 
-from a2wsgi import WSGIMiddleware  # noqa: E402
+from portal.http_bridge import ThreadedWSGI  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
@@ -26,7 +26,7 @@ from jobs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": WSGIMiddleware(get_wsgi_application(), workers=settings.PORTAL_HTTP_THREADS),
+        "http": ThreadedWSGI(get_wsgi_application(), workers=settings.PORTAL_HTTP_THREADS),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -4,14 +4,18 @@ address comes from the command line (`-b`).
 
 uvicorn workers serve ASGI: the browser terminal's WebSockets, and plain
 HTTP through a pool of threads per worker (portal/asgi.py). Every view is
-synchronous Python, so one worker per core is what the CPUs can run; more
-workers only add database connections and contention for SQLite's lock.
+synchronous Python, so a worker uses at most one core. Two workers per core:
+a client's keep-alive connection stays with the worker that accepted it, and
+with one worker per core an uneven share of busy connections left one core
+idle while the other worker was capped at one (measured with
+bench/api_submit_rate.py: 10-20% fewer jobs/s). More than that only adds
+database connections and contention for SQLite's lock.
 """
 
 import os
 
 wsgi_app = "portal.asgi:application"
 worker_class = "uvicorn_worker.UvicornWorker"
-workers = int(os.environ.get("PORTAL_WORKERS") or min(max(os.cpu_count() or 1, 2), 8))
+workers = int(os.environ.get("PORTAL_WORKERS") or min(2 * (os.cpu_count() or 1), 8))
 timeout = 120
 graceful_timeout = 10

@@ -16,7 +16,6 @@ from django.dispatch import receiver
 
 from jobs.models import ApiToken, User, VirtualCluster
 from jobs.services import permissions_memo
-from jobs.services.permissions_memo import permissions_changed
 
 # A login writes last_login; nothing remembered depends on it, and a login
 # must not make every process ask the database again.
@@ -31,20 +30,20 @@ def _saved(sender: type, created: bool, update_fields: frozenset[str] | None, **
     # for rows that existed (an unknown token or cluster is never remembered).
     if created or (update_fields is not None and update_fields <= _IRRELEVANT_UPDATES):
         return
-    permissions_changed()
+    permissions_memo.permissions_changed()
 
 
 @receiver(post_delete, sender=User)
 @receiver(post_delete, sender=ApiToken)
 @receiver(post_delete, sender=VirtualCluster)
 def _deleted(sender: type, **kwargs: Any) -> None:
-    permissions_changed()
+    permissions_memo.permissions_changed()
 
 
 @receiver(m2m_changed, sender=VirtualCluster.users.through)
 def _membership_changed(sender: type, action: str, **kwargs: Any) -> None:
     if action.startswith("post_"):
-        permissions_changed()
+        permissions_memo.permissions_changed()
 
 
 @receiver(request_started)

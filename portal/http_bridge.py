@@ -10,8 +10,8 @@ has a small body and a response made whole in memory, so here:
   loop before the view's thread starts;
 - a response that is not streaming is collected in the view's thread and
   sent from the loop once the view returns.
-That is one hand-over each way instead of four or more, which is a tenth of
-the CPU a job submission costs. Streaming responses (log and file
+That is one hand-over each way instead of four or more: about 15% of the
+CPU a job submission costs (measured with bench/api_submit_rate.py). Streaming responses (log and file
 downloads) and bigger or chunked uploads keep a2wsgi's piece-by-piece path,
 so memory stays bounded for them.
 """
@@ -29,13 +29,13 @@ from a2wsgi.wsgi import Body, WSGIMiddleware, WSGIResponder, build_environ
 PREREAD_BYTES = 256 * 1024
 
 
-class _Body(Body):
-    """a2wsgi's request body, starting with what the loop already read."""
+class _ReadBody(Body):
+    """a2wsgi's request body, already read whole by the loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, receive: Any, head: bytes, more: bool) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, receive: Any, data: bytes) -> None:
         super().__init__(loop, receive)
-        self.buffer.extend(head)
-        self._has_more = more
+        self.buffer.extend(data)
+        self._has_more = False
 
 
 def _content_length(scope: dict[str, Any]) -> int | None:
@@ -70,7 +70,7 @@ class _Responder(WSGIResponder):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         length = _content_length(scope)
         if length is not None and length <= PREREAD_BYTES:
-            body = _Body(self.loop, receive, await _read_body(receive), more=False)
+            body = _ReadBody(self.loop, receive, await _read_body(receive))
         else:
             body = Body(self.loop, receive)
         environ = build_environ(scope, body)

@@ -111,4 +111,3 @@ def remembered(key: Hashable, ask: Callable[[], T]) -> T:
         _answers.clear()
     _answers[key] = (generation, now, answer)
     return answer
-

@@ -57,7 +57,8 @@ def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToke
 def token_revoke(*, token: ApiToken) -> bool:
     """Revoke a token; False if it already was."""
     revoked = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
-    permissions_memo.permissions_changed()  # an UPDATE sends no signal
+    if revoked:
+        permissions_memo.permissions_changed()  # an UPDATE sends no signal
     return revoked
 
 

@@ -17,9 +17,7 @@ of the same size instead of filling it again.
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import secrets
 import shutil
 import sqlite3
 import statistics
@@ -30,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.stack import percentile  # noqa: E402
+from bench.stack import configure_django, percentile  # noqa: E402
 
 VAR = ROOT / "var" / "bench" / "job_list"
 TARGET_MS = 200.0
@@ -41,19 +39,7 @@ STATES = [("SUCCEEDED", 0.62), ("FAILED", 0.14), ("STOPPED", 0.1), ("RUNNING", 0
 
 
 def configure() -> None:
-    (VAR / "staticfiles").mkdir(parents=True, exist_ok=True)  # whitenoise warns when it is missing
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "PORTAL_SECRET_KEY": secrets.token_urlsafe(40),
-        "PORTAL_VAR_DIR": str(VAR),
-        "DATABASE_URL": f"sqlite:///{VAR / 'portal.sqlite3'}",
-        "PORTAL_ALLOWED_HOSTS": "testserver",
-        "PORTAL_LOG_LEVEL": "WARNING",
-        "PAI_INSTANCE": "bench-job-list",
-    })
-    import django
-
-    django.setup()
+    configure_django(VAR, "bench-job-list")
 
 
 def fill(count: int) -> None:

@@ -68,7 +68,7 @@ class Stack:
         manage = [PY, str(ROOT / "manage.py")]
         for command in (["migrate", "-v0"], ["ensure_defaults", "-v0"], ["collectstatic", "--noinput", "-v0"]):
             subprocess.run(manage + command, cwd=ROOT, env=self.env, check=True)
-        self._spawn("agent", manage + ["node_agent", "--name", "bench-node", "--address", "127.0.0.1"] + agent_args)
+        self._spawn("agent", manage + ["node_agent", "--name", "bench-node", "--address", "127.0.0.2"] + agent_args)
         if gunicorn:
             port = free_port()
             self.base_url = f"http://127.0.0.1:{port}"
@@ -121,6 +121,26 @@ class Stack:
                                   text=True).stdout.split()
         if networks:
             subprocess.run(["docker", "network", "rm", *networks], capture_output=True)
+
+
+def configure_django(var: Path, instance: str, **extra: str) -> None:
+    """Django set up in this process against a scratch SQLite database in
+    `var` (never the portal's or the tests'), for benches that render pages
+    through the test client."""
+    (var / "staticfiles").mkdir(parents=True, exist_ok=True)  # whitenoise warns when it is missing
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "PORTAL_SECRET_KEY": secrets.token_urlsafe(40),
+        "PORTAL_VAR_DIR": str(var),
+        "DATABASE_URL": f"sqlite:///{var / 'portal.sqlite3'}",
+        "PORTAL_ALLOWED_HOSTS": "testserver",
+        "PORTAL_LOG_LEVEL": "WARNING",
+        "PAI_INSTANCE": instance,
+        **extra,
+    })
+    import django
+
+    django.setup()
 
 
 def rss_mb(pid: int) -> float:

@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs import services
+from jobs.login_forms import RateLimitedAdminLoginForm
 from jobs.models import (
     ApiToken,
     GpuAllocation,
@@ -20,8 +21,12 @@ from jobs.models import (
     TaskAttempt,
     TerminalSession,
     User,
+    UserLimit,
     VirtualCluster,
 )
+
+# The admin's login counts failures like the portal's own login (one limit).
+admin.site.login_form = RateLimitedAdminLoginForm
 
 
 @admin.register(User)
@@ -33,6 +38,22 @@ class UserAdmin(BaseUserAdmin):
 class VirtualClusterAdmin(admin.ModelAdmin):
     list_display = ("name", "capacity", "open_to_all", "description")
     filter_horizontal = ("users",)
+
+
+@admin.register(UserLimit)
+class UserLimitAdmin(admin.ModelAdmin):
+    """Per-user limits in a virtual cluster: a row without a user is the
+    default for everyone there; a user's own row replaces it whole."""
+
+    list_display = ("virtual_cluster", "who", "max_waiting_jobs", "max_running_jobs", "max_gpus")
+    list_filter = ("virtual_cluster",)
+    list_select_related = ("virtual_cluster", "user")
+    search_fields = ("user__username", "virtual_cluster__name")
+    autocomplete_fields = ("user",)
+
+    @admin.display(description="user", ordering="user__username")
+    def who(self, limit: UserLimit) -> str:
+        return limit.user.username if limit.user else "(every user: the default)"
 
 
 @admin.register(Node)
@@ -60,7 +81,7 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("state", "virtual_cluster")
     search_fields = ("name", "owner__username")
     readonly_fields = ("config_raw", "config", "warnings", "ssh_public_key", "submitted_at", "started_at", "finished_at")
-    exclude = ("ssh_private_key",)
+    exclude = ("ssh_private_key", "secrets_sealed")
     inlines = [JobAttemptInline]
     actions = ["stop_jobs"]
 

@@ -1,12 +1,30 @@
-"""SSH key pairs for jobs, and checks of users' public keys."""
+"""SSH key pairs for jobs, their private keys sealed at rest, and checks
+of users' public keys.
+
+A job's private key (and its protocol v2 secrets: seal_secrets) is stored sealed (Fernet: AES-CBC with an HMAC) with a
+key derived (HKDF-SHA256) from Django's SECRET_KEY, so a copy of the
+database alone (a backup, a stolen SQLite file) gives no way into running
+tasks. Keys sealed under a SECRET_KEY_FALLBACKS entry still open, so the
+secret key can be rotated. Sealed values start with SEALED_PREFIX; a value
+without it is a plaintext row from before and is read as it is.
+`open_private_key` is the one reader: the key page, the API and the node
+runner (a task's peer key) all go through it.
+"""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
-from cryptography.hazmat.primitives import serialization
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.conf import settings
+
+SEALED_PREFIX = "pai-sealed:v1:"
+_HKDF_INFO = b"pai job ssh private keys v1"
 
 _ALLOWED_TYPES = (
     "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -22,6 +40,54 @@ def new_key_pair(comment: str) -> tuple[str, str]:
     ).decode()
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     return private, f"{public} {comment}"
+
+
+class SealedKeyUnreadable(ValueError):
+    """No current or fallback secret key opens a stored private key."""
+
+
+def _fernet(secret: str) -> Fernet:
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_HKDF_INFO).derive(secret.encode())
+    return Fernet(base64.urlsafe_b64encode(derived))
+
+
+def _sealer() -> MultiFernet:
+    """Seals with SECRET_KEY; opens with it or any of SECRET_KEY_FALLBACKS."""
+    return MultiFernet([_fernet(settings.SECRET_KEY), *(_fernet(old) for old in settings.SECRET_KEY_FALLBACKS)])
+
+
+def seal_private_key(private_key: str) -> str:
+    """What the database stores for a job's private key."""
+    if not private_key:
+        return ""
+    return SEALED_PREFIX + _sealer().encrypt(private_key.encode()).decode("ascii")
+
+
+def open_private_key(stored: str) -> str:
+    """The private key a stored value holds (plaintext rows from before
+    sealing are returned as they are). Raises SealedKeyUnreadable."""
+    if not stored.startswith(SEALED_PREFIX):
+        return stored
+    try:
+        return _sealer().decrypt(stored[len(SEALED_PREFIX):].encode("ascii")).decode()
+    except (InvalidToken, ValueError):
+        raise SealedKeyUnreadable("the job's SSH private key was sealed with a secret key this portal no longer "
+                                  "has; add the old key to PORTAL_SECRET_KEY_FALLBACKS") from None
+
+
+def seal_secrets(secrets: dict) -> str:
+    """What the database stores for a job's protocol v2 secrets."""
+    if not secrets:
+        return ""
+    return seal_private_key(json.dumps(secrets, ensure_ascii=False))
+
+
+def open_secrets(stored: str) -> dict:
+    """A job's secrets for its node agent (empty when it has none)."""
+    if not stored:
+        return {}
+    value = json.loads(open_private_key(stored))
+    return value if isinstance(value, dict) else {}
 
 
 class BadPublicKey(ValueError):

@@ -16,6 +16,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.spec import JobSpec
+
 
 class UsernameValidator(RegexValidator):
     """OpenPAI's rule: letters, digits and underscore."""
@@ -36,9 +38,18 @@ class User(AbstractUser):
         error_messages={"unique": "A user with that username already exists."},
     )
 
+    class Meta(AbstractUser.Meta):
+        permissions = [("administer_portal", "Can administer the portal: every job, node, virtual cluster and user")]
+
     @property
     def is_admin(self) -> bool:
-        return bool(self.is_staff or self.is_superuser)
+        """A portal admin: a superuser, or a user given the explicit
+        `jobs.administer_portal` permission (directly or through a group).
+        `is_staff` alone only opens the Django admin to the models it is
+        given permissions on; it is no portal right by itself."""
+        if not self.is_active:
+            return False
+        return self.is_superuser or self.has_perm("jobs.administer_portal")
 
 
 vc_name_validator = RegexValidator(r"^[A-Za-z0-9_]+\Z", "Letters, digits and underscores only.")
@@ -85,6 +96,33 @@ class VirtualCluster(models.Model):
         if self.open_to_all or user.is_admin:
             return True
         return self.users.filter(pk=user.pk).exists()
+
+
+class UserLimit(models.Model):
+    """How much one user may have at once in a virtual cluster: waiting
+    jobs (more are refused at submission), running jobs and GPUs in use
+    (a job over either waits, and its page says why). Blank: no limit.
+
+    A row without a user is the virtual cluster's default for every user; a
+    user's own row replaces it whole (blank there means no limit for them)."""
+
+    virtual_cluster = models.ForeignKey(VirtualCluster, on_delete=models.CASCADE, related_name="user_limits")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="limits", help_text="Leave empty for every user of the virtual cluster.")
+    max_waiting_jobs = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: no limit.")
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: no limit.")
+    max_gpus = models.PositiveIntegerField("max GPUs in use", null=True, blank=True, help_text="Blank: no limit.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["virtual_cluster", "user"], name="user_limit_unique"),
+            models.UniqueConstraint(fields=["virtual_cluster"], condition=Q(user__isnull=True),
+                                    name="user_limit_default_unique"),
+        ]
+        ordering = ["virtual_cluster__name", "user__username"]
+
+    def __str__(self) -> str:
+        return f"{self.user or 'every user'} in {self.virtual_cluster}"
 
 
 class Node(models.Model):
@@ -188,6 +226,9 @@ class Job(models.Model):
     gpu_type = models.CharField(max_length=64, blank=True)
     ssh_private_key = models.TextField(blank=True)
     ssh_public_key = models.TextField(blank=True)
+    # Protocol v2's secrets, sealed like the private key (jobs/keys.py); read
+    # only by the node agent when it starts a container. Never shown.
+    secrets_sealed = models.TextField(blank=True)
     upload_outputs = models.BooleanField(default=False)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     stop_requested_by = models.ForeignKey(
@@ -215,6 +256,55 @@ class Job(models.Model):
     @property
     def retries(self) -> int:
         return self.attempt_number - 1
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job's typed config: the one shape the scheduler, node agents,
+        lifecycle and pages read. A stored config never changes, so each
+        process builds it once per job (see `_SpecMemo`)."""
+        return _spec_memo.get(self)
+
+
+class _SpecMemo:
+    """Typed specs by job, bounded, per process. Keyed by id, owner and name
+    so a reused id (a deleted job's) can never return another job's spec."""
+
+    MAX = 10_000
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[int, int, str], JobSpec] = {}
+
+    def get(self, job: Job) -> JobSpec:
+        if job.pk is None:
+            return JobSpec.from_config(job.config)
+        key = (job.pk, job.owner_id, job.name)
+        spec = self._specs.get(key)
+        if spec is None:
+            if len(self._specs) >= self.MAX:
+                self._specs.clear()
+            spec = self._specs[key] = JobSpec.from_config(job.config)
+        return spec
+
+
+_spec_memo = _SpecMemo()
+
+
+class JobTag(models.Model):
+    """A label on a job (REST v2's PUT/DELETE .../tag); job lists filter by it."""
+
+    MAX_LENGTH = 64
+    MAX_PER_JOB = 32
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tags")
+    value = models.CharField(max_length=MAX_LENGTH)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "value"], name="job_tag_unique")]
+        indexes = [models.Index(fields=["value", "job"], name="job_tag_value_idx")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class JobAttempt(models.Model):
@@ -447,3 +537,61 @@ class TerminalSession(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
+
+
+NOTIFY_STATES = (State.RUNNING, State.SUCCEEDED, State.FAILED, State.STOPPED)
+
+
+class NotificationSettings(models.Model):
+    """What a user wants to be told when one of their jobs changes state: a
+    webhook (its secret sealed like jobs' private keys, jobs/keys.py) and
+    e-mails for the states they pick (NOTIFY_STATES)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="notification_settings")
+    webhook_url = models.CharField(max_length=2000, blank=True)
+    webhook_secret_sealed = models.TextField(blank=True)
+    email_states = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"notifications of {self.user}"
+
+
+class NotificationDelivery(models.Model):
+    """One notification of one job state change over one channel, with how
+    its last try went; the Profile page lists a user's latest."""
+
+    class Channel(models.TextChoices):
+        WEBHOOK = "webhook", "webhook"
+        EMAIL = "email", "e-mail"
+
+    class Status(models.TextChoices):
+        PENDING = "PENDING", "pending"
+        SENDING = "SENDING", "sending"
+        RETRYING = "RETRYING", "will retry"
+        DELIVERED = "DELIVERED", "delivered"
+        FAILED = "FAILED", "failed"
+        # The destination is outside WEBHOOK_ALLOWED_NETWORKS: never tried again.
+        REFUSED = "REFUSED", "refused"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_deliveries")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    # The event as it was sent: {"event", "job", "state", ...} (webhooks POST exactly this).
+    payload = models.JSONField()
+    target = models.CharField(max_length=2000, blank=True, help_text="The URL or e-mail address last tried.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    tries = models.PositiveSmallIntegerField(default=0)
+    response_code = models.IntegerField(null=True, blank=True)
+    result = models.TextField(blank=True, help_text="How the last try went, in words.")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_try_at = models.DateTimeField(null=True, blank=True)
+    next_try_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "-id"], name="notification_user_recent_idx")]
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.channel} {self.payload.get('job')} {self.payload.get('state')}: {self.status}"

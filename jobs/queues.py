@@ -79,6 +79,20 @@ def wait_for_pass_slot(min_gap: float) -> None:
     redis.set(_last_pass_key(), repr(time.time()), ex=60)
 
 
+def pass_overdue(max_age: float) -> bool:
+    """No scheduling pass has started for `max_age` seconds (or ever)."""
+    last = connection().get(_last_pass_key())
+    return last is None or time.time() - float(last) >= max_age
+
+
+def repair_schedule_request() -> None:
+    """Ask for a pass even if a request seems to be pending: the pending one
+    may be lost (dropped with Redis, or taken by an agent that then stopped),
+    and its flag would silence this request until it expires."""
+    connection().delete(_schedule_flag())
+    request_schedule()
+
+
 def _launch_marker(attempt_id: int) -> str:
     return f"{_prefix()}:launch-requested:{attempt_id}"
 
@@ -106,3 +120,86 @@ def enqueue_stop(node_name: str, attempt_id: int) -> None:
         "jobs.tasks.stop_task", attempt_id, job_timeout=STOP_TIMEOUT, result_ttl=0, failure_ttl=86400,
         at_front=True,
     )
+
+
+# ------------------------------------------------------------- notifications
+# Webhooks and e-mails about job state changes go through a queue of their
+# own, which every node agent serves after its node's queue and the
+# scheduler's, so a delivery never goes ahead of a launch, a stop or a pass.
+# Retries wait in a sorted set (score: when they are due): the agents' RQ
+# workers run without RQ's scheduler, and each agent's heartbeat moves the
+# due ones onto the queue (enqueue_due_notifications).
+
+NOTIFY_TIMEOUT = 120
+
+
+def notify_queue_name() -> str:
+    return f"{_prefix()}.notify"
+
+
+def _notify_retries_key() -> str:
+    return f"{_prefix()}:notify-retries"
+
+
+def enqueue_notification(event: dict) -> None:
+    _queue(notify_queue_name()).enqueue(
+        "jobs.tasks.notify_job_state", event, job_timeout=NOTIFY_TIMEOUT, result_ttl=0, failure_ttl=86400
+    )
+
+
+def enqueue_delivery(delivery_id: int) -> None:
+    _queue(notify_queue_name()).enqueue(
+        "jobs.tasks.deliver_notification", delivery_id, job_timeout=NOTIFY_TIMEOUT, result_ttl=0, failure_ttl=86400
+    )
+
+
+def schedule_delivery_retry(delivery_id: int, due: float) -> None:
+    """Try the delivery again at `due` (seconds since the epoch)."""
+    connection().zadd(_notify_retries_key(), {str(delivery_id): due})
+
+
+def enqueue_due_notifications(limit: int = 100) -> int:
+    """Move the retries that are due onto the queue; returns how many. Run
+    by every agent at once: ZREM decides which one enqueues each."""
+    redis = connection()
+    due = redis.zrangebyscore(_notify_retries_key(), "-inf", time.time(), start=0, num=limit)
+    moved = 0
+    for member in due:
+        if redis.zrem(_notify_retries_key(), member):
+            enqueue_delivery(int(member))
+            moved += 1
+    return moved
+
+
+# ------------------------------------------------------------- pass timings
+# Scheduling passes run in node agents, on any machine; /metrics is answered
+# by a web worker. Each pass adds itself to a histogram kept in one Redis
+# hash (bucket counts, sum, count: one round trip), which /metrics reads.
+# prometheus_client's multiprocess mode would need one folder shared by
+# every process, which agents on other machines do not have.
+
+PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def _pass_histogram_key() -> str:
+    return f"{_prefix()}:metrics:schedule-pass-seconds"
+
+
+def record_pass_duration(seconds: float) -> None:
+    bucket = next((f"{bound:g}" for bound in PASS_BUCKETS if seconds <= bound), "+Inf")
+    pipe = connection().pipeline(transaction=True)
+    pipe.hincrby(_pass_histogram_key(), bucket, 1)
+    pipe.hincrby(_pass_histogram_key(), "count", 1)
+    pipe.hincrbyfloat(_pass_histogram_key(), "sum", seconds)
+    pipe.execute()
+
+
+def read_pass_histogram_and_depths(queue_names: list[str]) -> tuple[dict[str, float], list[int]]:
+    """The pass histogram's fields (bucket bound, "count", "sum": value; buckets
+    not cumulative) and each queue's length, in one round trip."""
+    pipe = connection().pipeline(transaction=False)
+    pipe.hgetall(_pass_histogram_key())
+    for name in queue_names:
+        pipe.llen(_queue(name).key)
+    histogram, *depths = pipe.execute()
+    return {key.decode(): float(value) for key, value in histogram.items()}, [int(d) for d in depths]

@@ -14,6 +14,11 @@ Order and fairness (the rule documented in the README):
   A job that could never fit (bigger than any node, or than its virtual
   cluster's whole quota) never blocks anyone.
 
+Per-user limits (an admin's, per virtual cluster): a job that would put its
+owner over their running jobs or GPUs there waits, says which limit, and
+is neither overtaken nor blocking: one user's limit never holds back
+anyone else's jobs. It starts once enough of its owner's jobs have ended.
+
 Placement is best fit: the node left with the fewest free GPUs, then CPUs,
 then memory, so that large holes stay free for large jobs.
 """
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+from jobs.spec.language import PortSpec
 
 
 @dataclass
@@ -39,6 +46,14 @@ class NodeState:
     used_gpus: set[int] = field(default_factory=set)
     # Nodes on one machine share one set: ports belong to the address.
     used_ports: set[int] = field(default_factory=set)
+    # Fixed ports (beginAt > 0) a task may take outside port_start..port_end
+    # (the admin's FIXED_PORTS_ALLOWED); never any other port of the node.
+    fixed_ports_allowed: frozenset[int] = frozenset()
+
+    def may_fix(self, ports: range) -> bool:
+        """Whether a task may ask for exactly these ports on this node."""
+        inside = self.port_start <= ports[0] and ports[-1] <= self.port_end
+        return inside or all(port in self.fixed_ports_allowed for port in ports)
 
     @property
     def free_cpus(self) -> int:
@@ -63,20 +78,14 @@ class NodeState:
 
 
 @dataclass(frozen=True)
-class PortRequest:
-    label: str
-    begin_at: int
-    number: int
-
-
-@dataclass(frozen=True)
 class RoleRequest:
     name: str
     task_number: int
     cpus: int
     memory_mb: int
     gpus: int
-    ports: tuple[PortRequest, ...] = ()
+    # The spec's own port requests, plus the platform's (ssh, main) at beginAt 0.
+    ports: tuple[PortSpec, ...] = ()
 
     def describe(self, gpu_type: str | None) -> str:
         gpu = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}" + (f" of type {gpu_type}" if gpu_type and self.gpus else "")
@@ -90,6 +99,11 @@ class JobRequest:
     gpu_type: str | None
     roles: tuple[RoleRequest, ...]
     overtaken: int = 0
+    owner: int = 0  # the user's id: whose limits apply (see UserQuota)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(role.gpus * role.task_number for role in self.roles)
 
 
 @dataclass
@@ -105,6 +119,21 @@ class Quota:
 
     def free_gpus(self, gpu_type: str) -> float:
         return self.gpus.get(gpu_type, 0.0) - self.used_gpus.get(gpu_type, 0.0)
+
+
+@dataclass
+class UserQuota:
+    """What one user may hold in one virtual cluster (None: no limit), and
+    holds now; jobs placed in a pass are added as they are placed."""
+
+    max_running_jobs: int | None = None
+    max_gpus: int | None = None
+    running_jobs: int = 0
+    used_gpus: int = 0
+
+    def take(self, job: JobRequest) -> None:
+        self.running_jobs += 1
+        self.used_gpus += job.total_gpus
 
 
 @dataclass(frozen=True)
@@ -163,22 +192,23 @@ class _Ledger:
         self.entries.clear()
 
 
-def _pick_ports(node: NodeState, requests: tuple[PortRequest, ...]) -> dict[str, list[int]] | None:
+def _pick_ports(node: NodeState, requests: tuple[PortSpec, ...]) -> dict[str, list[int]] | None:
     taken = set(node.used_ports)
     chosen: dict[str, list[int]] = {}
     for request in requests:
         if request.begin_at:
-            wanted = list(range(request.begin_at, request.begin_at + request.number))
-            if any(port in taken for port in wanted):
+            fixed = range(request.begin_at, request.begin_at + request.port_number)
+            if not node.may_fix(fixed) or any(port in taken for port in fixed):
                 return None
+            wanted = list(fixed)
         else:
             wanted = []
             for port in range(node.port_start, node.port_end + 1):
                 if port not in taken:
                     wanted.append(port)
-                    if len(wanted) == request.number:
+                    if len(wanted) == request.port_number:
                         break
-            if len(wanted) < request.number:
+            if len(wanted) < request.port_number:
                 return None
         taken.update(wanted)
         chosen[request.label] = wanted
@@ -271,7 +301,7 @@ def explain_wait(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str:
     fixed = [p for p in role.ports if p.begin_at]
     port_words = ""
     if fixed:
-        port_words = "; fixed ports " + ", ".join(f"{p.begin_at}-{p.begin_at + p.number - 1}" if p.number > 1 else str(p.begin_at) for p in fixed)
+        port_words = "; fixed ports " + ", ".join(f"{p.begin_at}-{p.begin_at + p.port_number - 1}" if p.port_number > 1 else str(p.begin_at) for p in fixed)
     return (
         f"needs {count} of role {role.name} with {role.describe(job.gpu_type)} each{port_words}; "
         f"{_best_node_words(nodes, role, job.gpu_type)}; {_quota_words(quota, job.vc, role, job.gpu_type)}"
@@ -288,8 +318,10 @@ def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | N
         for node in nodes:
             types = [job.gpu_type] if job.gpu_type else (sorted(set(node.gpus.values())) or [None])
             gpu_ok = role.gpus == 0 or any(sum(1 for t in node.gpus.values() if t == kind) >= role.gpus for kind in types)
-            auto_ports = sum(p.number for p in role.ports if not p.begin_at)
-            if node.cpus >= role.cpus and node.memory_mb >= role.memory_mb and gpu_ok and auto_ports <= node.port_end - node.port_start + 1:
+            auto_ports = sum(p.port_number for p in role.ports if not p.begin_at)
+            ports_ok = auto_ports <= node.port_end - node.port_start + 1 and all(
+                node.may_fix(range(p.begin_at, p.begin_at + p.port_number)) for p in role.ports if p.begin_at)
+            if node.cpus >= role.cpus and node.memory_mb >= role.memory_mb and gpu_ok and ports_ok:
                 fits_somewhere = True
                 break
         if not fits_somewhere:
@@ -308,12 +340,35 @@ def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | N
     return None
 
 
-def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Quota],
-             *, max_overtakes: int) -> Decision:
-    """Decide which waiting jobs start now. `jobs` must be in submission order.
+def over_user_limit(job: JobRequest, quota: UserQuota | None) -> tuple[str, bool] | None:
+    """Why its owner's limits hold `job` back, and whether they always will;
+    None when they do not."""
+    if quota is None:
+        return None
+    gpus, limit = job.total_gpus, quota.max_gpus
+    if limit is not None and gpus > limit:
+        return f"can never fit: needs {_count(gpus, 'GPU')} but your limit in virtual cluster '{job.vc}' is {limit}", True
+    if quota.max_running_jobs is not None and quota.running_jobs >= quota.max_running_jobs:
+        return (f"you have {_count(quota.running_jobs, 'running job')} in virtual cluster '{job.vc}', your limit there; "
+                "it starts when one of them ends"), False
+    if limit is not None and quota.used_gpus + gpus > limit:
+        return (f"your jobs hold {_count(quota.used_gpus, 'GPU')} in virtual cluster '{job.vc}' and this one needs "
+                f"{gpus}; your limit there is {limit}, so it starts when enough of them end"), False
+    return None
 
-    Placements are applied to `nodes` and `quotas` as they are made.
+
+def _count(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Quota],
+             *, max_overtakes: int, user_quotas: dict[tuple[str, int], UserQuota] | None = None) -> Decision:
+    """Decide which waiting jobs start now. `jobs` must be in submission order;
+    `user_quotas` are by (virtual cluster, owner), only where a limit applies.
+
+    Placements are applied to `nodes`, `quotas` and `user_quotas` as they are made.
     """
+    user_quotas = user_quotas or {}
     decision = Decision()
     blocked: dict[str, int] = {}
     passed_over: dict[str, list[JobRequest]] = defaultdict(list)
@@ -327,6 +382,14 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
         if quota is None:
             decision.waiting[job.id] = f"virtual cluster '{job.vc}' does not exist"
             continue
+        user_quota = user_quotas.get((job.vc, job.owner))
+        held = over_user_limit(job, user_quota)
+        if held is not None:  # its owner's own limit: never overtaken, blocks nobody
+            reason, never = held
+            decision.waiting[job.id] = reason
+            if never:
+                decision.never_fits.add(job.id)
+            continue
         if job.vc in blocked:
             decision.waiting[job.id] = (
                 f"queued behind job #{blocked[job.vc]}, which was overtaken {max_overtakes} times and now "
@@ -339,6 +402,8 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
             if placements is not None:
                 no_fit.clear()
                 decision.placed[job.id] = placements
+                if user_quota is not None:
+                    user_quota.take(job)
                 for earlier in passed_over[job.vc]:
                     decision.overtaken[earlier.id] += 1
                     if earlier.overtaken + decision.overtaken[earlier.id] >= max_overtakes and job.vc not in blocked:

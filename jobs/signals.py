@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import Group
 from django.core.signals import request_finished, request_started
 from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
-from jobs.models import ApiToken, User, VirtualCluster
+from jobs.models import ApiToken, User, UserLimit, VirtualCluster
 from jobs.services import permissions_memo
 
 # A login writes last_login; nothing remembered depends on it, and a login
@@ -40,7 +41,20 @@ def _deleted(sender: type, **kwargs: Any) -> None:
     permissions_memo.permissions_changed()
 
 
+# Limits are remembered beside permissions (jobs/services/limits.py), and a
+# new row changes an answer too: the default "no limit" was remembered.
+@receiver(post_save, sender=UserLimit)
+@receiver(post_delete, sender=UserLimit)
+def _limit_changed(sender: type, **kwargs: Any) -> None:
+    permissions_memo.permissions_changed()
+
+
+# Who is a portal admin is a permission (User.is_admin): granted to a user,
+# to a group the user is in, or given to a group.
 @receiver(m2m_changed, sender=VirtualCluster.users.through)
+@receiver(m2m_changed, sender=User.user_permissions.through)
+@receiver(m2m_changed, sender=User.groups.through)
+@receiver(m2m_changed, sender=Group.permissions.through)
 def _membership_changed(sender: type, action: str, **kwargs: Any) -> None:
     if action.startswith("post_"):
         permissions_memo.permissions_changed()

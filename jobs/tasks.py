@@ -1,8 +1,13 @@
-"""RQ entry points: ids in, a service or the node agent out. Nothing else."""
+"""RQ entry points: ids in, a service or the node agent out. Nothing else.
+
+queues.py enqueues these by dotted path ("jobs.tasks.launch_task" ...):
+keep their names and module."""
 
 from django.conf import settings
 
-from jobs import agent, queues, services
+from jobs import queues, services
+from jobs.node import agent
+from jobs.services import notifications
 
 
 def schedule() -> int:
@@ -17,3 +22,11 @@ def launch_task(attempt_id: int) -> None:
 
 def stop_task(attempt_id: int) -> None:
     agent.current().runner.stop(attempt_id)
+
+
+def notify_job_state(event: dict) -> None:
+    notifications.job_state_notify(event)
+
+
+def deliver_notification(delivery_id: int) -> None:
+    notifications.delivery_try(delivery_id)

@@ -6,8 +6,16 @@ Messages from the browser are JSON text frames:
 The terminal's output goes back as binary frames, byte for byte, so colours
 and control sequences reach xterm.js untouched. Only the job's owner or an
 admin may open one, only on a running task, and every session is recorded
-(TerminalSession, the audit log admins see). The session closes when the
-shell exits or the task ends.
+(TerminalSession, the audit log admins see): jobs/services/terminals.py
+checks and records, this module bridges. The session closes when the shell
+exits or the task ends, and when the right to open it is gone (the user
+signed out, changed their password, was deactivated or lost the job).
+
+Input is back-pressured: every write to the shell waits until the engine
+has taken it (drain), and Channels hands this consumer its next message only
+after the last one was handled, so a client that sends faster than the
+shell reads is paused (uvicorn stops reading its socket) instead of
+buffered; portal/workers.py bounds the size of one message.
 """
 
 from __future__ import annotations
@@ -16,18 +24,15 @@ import asyncio
 import json
 import logging
 import re
-from dataclasses import dataclass
-from datetime import datetime
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.db import transaction
-from django.db.models import Q
-from django.utils import timezone
 
-from jobs.launcher import Engine
-from jobs.models import Job, TaskAttempt, TaskState, TerminalSession
-from jobs.services import access
+from django.conf import settings
+
+from jobs.node.launcher import Engine, engine_for
+from jobs.models import TaskAttempt, TaskState
+from jobs.services import terminals
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +44,17 @@ SHELL = [
 ]
 SHELL_ENV = ["TERM=xterm-256color", "COLORTERM=truecolor"]
 # Close codes the page explains to the user (4000-4999 are free for apps).
+CLOSE_SIGNED_OUT = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_MANY = 4429
 CLOSE_NOT_RUNNING = 4409
 CLOSE_TASK_ENDED = 4410
 CLOSE_ERROR = 4500
 WATCH_SECONDS = 2.0
 CONTAINER_STOP_CHECKS = 8
 MAX_INPUT_CHARS = 64 * 1024
+SHELL_LOST = "the connection to the shell was lost"
+SHELL_STALLED = "the shell took no input for {seconds:g} s; the session is closed"
 
 # One Engine per Docker host: its clients are per thread, and the thread pool
 # behind asyncio.to_thread is small, so this stays bounded.
@@ -55,58 +64,13 @@ _engines: dict[str, Engine] = {}
 def _engine(docker_host: str) -> Engine:
     engine = _engines.get(docker_host)
     if engine is None:
-        engine = _engines[docker_host] = Engine(docker_host)
+        engine = _engines[docker_host] = engine_for(docker_host)
     return engine
 
 
-@dataclass(frozen=True)
-class _Target:
-    session_id: int
-    docker_host: str
-    container_id: str
-
-
-class TerminalRefused(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def open_session(user, attempt_id: int, client_address: str) -> _Target:
-    """Check the user may open a shell in this task; record the session."""
-    attempt = None
-    if user.is_authenticated:  # visible_to: the job's owner, or an admin
-        attempt = TaskAttempt.objects.select_related("node").filter(
-            pk=attempt_id, job__in=Job.objects.visible_to(user)).first()
-    if attempt is None:
-        raise TerminalRefused(CLOSE_FORBIDDEN, "no such task, or it is not yours")
-    if not access.terminal_ready(attempt) or attempt.node is None:
-        raise TerminalRefused(CLOSE_NOT_RUNNING, "the task is not running")
-    now = timezone.now()
-    with transaction.atomic():
-        session = TerminalSession.objects.create(user=user, attempt=attempt, client_address=client_address[:64],
-                                                 started_at=now)
-        _note_activity(attempt.pk, now)
-    return _Target(session.pk, attempt.node.docker_host, attempt.container_id)
-
-
-def close_session(session_id: int, attempt_id: int, reason: str) -> None:
-    now = timezone.now()
-    with transaction.atomic():
-        closed = TerminalSession.objects.filter(pk=session_id, ended_at__isnull=True).update(
-            ended_at=now, end_reason=reason[:200]
-        )
-        if closed:
-            _note_activity(attempt_id, now)
-
-
-def _note_activity(attempt_id: int, now: datetime) -> None:
-    """A terminal opened or closed is use of the task: its idle notice
-    (access.last_activity) reads last_activity_at. Only ever move it forward."""
-    TaskAttempt.objects.filter(Q(last_activity_at__isnull=True) | Q(last_activity_at__lt=now), pk=attempt_id).update(
-        last_activity_at=now
-    )
+# Why a session was refused, as the close code the page explains.
+_REFUSAL_CODES = {terminals.TerminalForbidden: CLOSE_FORBIDDEN, terminals.TerminalNotRunning: CLOSE_NOT_RUNNING,
+                  terminals.TerminalTooMany: CLOSE_TOO_MANY}
 
 
 def task_running(attempt_id: int) -> bool:
@@ -133,19 +97,24 @@ async def _read_shell_pid(reader: asyncio.StreamReader) -> tuple[int | None, byt
 class TerminalConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
-        self.target: _Target | None = None
+        self.target: terminals.TerminalTarget | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.shell_pid: int | None = None
         self.tasks: list[asyncio.Task] = []
         self.end_reason = "closed by the browser"
+        user = self.scope["user"]
+        self.user_id = user.pk if user.is_authenticated else None
+        session = self.scope.get("session")
+        self.session_key = session.session_key if session is not None else None
         client = self.scope.get("client") or ("", 0)
         # Accept first, so a refusal can say why before it closes.
         await self.accept()
         try:
-            self.target = await database_sync_to_async(open_session)(self.scope["user"], self.attempt_id, client[0] or "")
+            self.target = await database_sync_to_async(terminals.terminal_session_open)(
+                user=self.scope["user"], attempt_id=self.attempt_id, client_address=client[0] or "")
             first_output = await self._open_shell()
-        except TerminalRefused as refused:
-            await self._refuse(refused.code, refused.message)
+        except terminals.TerminalRefused as refused:
+            await self._refuse(_REFUSAL_CODES[type(refused)], refused.message)
             return
         except Exception as exc:  # the engine said no: tell the user, keep the details in the log
             log.exception("opening a terminal into task attempt %s failed", self.attempt_id)
@@ -175,7 +144,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.writer is None:
             return
         if bytes_data:
-            self.writer.write(bytes_data[:MAX_INPUT_CHARS])
+            await self._write(bytes_data[:MAX_INPUT_CHARS])
             return
         try:
             message = json.loads(text_data or "{}")
@@ -184,17 +153,49 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if not isinstance(message, dict):
             return
         if message.get("type") == "input" and isinstance(message.get("data"), str):
-            self.writer.write(message["data"][:MAX_INPUT_CHARS].encode())
-            await self.writer.drain()
+            await self._write(message["data"][:MAX_INPUT_CHARS].encode())
         elif message.get("type") == "resize":
             rows, cols = message.get("rows"), message.get("cols")
             if isinstance(rows, int) and isinstance(cols, int) and 0 < rows < 1000 and 0 < cols < 1000:
                 await asyncio.to_thread(self.engine.resize_terminal, self.exec_id, rows=rows, cols=cols)
 
+    async def _write(self, data: bytes) -> None:
+        """To the shell, waiting until the engine has taken it: while this
+        waits, no further message of the client is read. Not for ever: a
+        shell that takes no input for TERMINAL_INPUT_STALL_SECONDS ends the
+        session (while this waits, not even the client's goodbye is read, so
+        the shell could not be hung up)."""
+        try:
+            self.writer.write(data)
+            await asyncio.wait_for(self.writer.drain(), timeout=settings.TERMINAL_INPUT_STALL_SECONDS)
+        except asyncio.TimeoutError:
+            await self._end(SHELL_STALLED.format(seconds=settings.TERMINAL_INPUT_STALL_SECONDS))
+        except (ConnectionError, RuntimeError):  # the engine dropped the stream
+            await self._end(SHELL_LOST)
+
+    async def _end(self, reason: str) -> None:
+        """The shell cannot take input (the stream broke, or it stalled; the
+        shell may live on: disconnect hangs it up). Say so once, and close,
+        rather than drop input."""
+        if self.end_reason == reason:
+            return
+        self.end_reason = reason
+        # No more input goes anywhere: messages the client sent meanwhile
+        # are dropped at once, so its goodbye (and the hang-up) comes soon.
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        await self.send(text_data=json.dumps({"type": "error", "message": reason}))
+        await self.close(code=CLOSE_ERROR)
+
     async def _pump(self) -> None:
         """Terminal output to the browser until the shell exits."""
         while True:
-            data = await self.reader.read(65536)
+            try:
+                data = await self.reader.read(65536)
+            except ConnectionError:  # the engine dropped the stream
+                await self._end(SHELL_LOST)
+                return
             if not data:
                 break
             await self.send(bytes_data=data)
@@ -217,12 +218,31 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         return not await database_sync_to_async(task_running)(self.attempt_id)
 
     async def _watch(self) -> None:
-        """Close the session when the task ends (its container may linger)."""
+        """Close the session when the task ends (its container may linger),
+        or when the user may no longer have it open."""
         while True:
             await asyncio.sleep(WATCH_SECONDS)
             if not await database_sync_to_async(task_running)(self.attempt_id):
                 await self._task_ended()
                 return
+            gone = await database_sync_to_async(terminals.terminal_session_check)(
+                user_id=self.user_id, session_key=self.session_key, attempt_id=self.attempt_id)
+            if gone:
+                await self._revoke(gone)
+                return
+
+    async def _revoke(self, reason: str) -> None:
+        self.end_reason = reason
+        for task in self.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()  # the pump would see the stream end and call it "the shell exited"
+        # A write waiting for a shell that reads nothing would hold the
+        # consumer: drop the stream now rather than flush it.
+        if self.writer is not None:
+            self.writer.transport.abort()
+        await self.send(text_data=json.dumps({"type": "error", "message": reason}))
+        code = CLOSE_SIGNED_OUT if reason == terminals.SIGNED_OUT else CLOSE_FORBIDDEN
+        await self.close(code=code)
 
     async def _task_ended(self) -> None:
         self.end_reason = "the task ended"
@@ -246,4 +266,5 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         except Exception:  # the engine is unreachable: the shell ends with the container
             log.exception("hanging up the shell of terminal session %s failed", self.target.session_id)
         finally:
-            await database_sync_to_async(close_session)(self.target.session_id, self.attempt_id, self.end_reason)
+            await database_sync_to_async(terminals.terminal_session_close)(
+                session_id=self.target.session_id, attempt_id=self.attempt_id, reason=self.end_reason)

@@ -5,7 +5,7 @@ Each feature's views live in their own module under jobs/views/.
 
 from django.urls import path
 
-from jobs.views import access, account, cluster, storage, submit
+from jobs.views import access, account, cluster, metrics, notifications, storage, submit
 from jobs.views import job_logs
 from jobs.views import tokens as token_views
 from jobs.views import jobs as job_views
@@ -23,11 +23,14 @@ urlpatterns = [
     path("jobs/<int:job_id>/live/", job_views.detail_live, name="detail_live"),
     path("jobs/<int:job_id>/stop/", job_views.stop, name="stop"),
     path("jobs/<int:job_id>/config/<str:kind>/", job_views.config_download, name="config_download"),
+    path("jobs/<int:job_id>/tags/add/", job_views.tag_add, name="tag_add"),
+    path("jobs/<int:job_id>/tags/remove/", job_views.tag_remove, name="tag_remove"),
     path("jobs/<int:job_id>/logs/<int:attempt_id>/<str:stream>/", job_logs.log_tail, name="log_tail"),
     path("jobs/<int:job_id>/logs/<int:attempt_id>/<str:stream>/search/", job_logs.log_search, name="log_search"),
     path("jobs/<int:job_id>/logs/<int:attempt_id>/<str:stream>/download/", job_logs.log_download, name="log_download"),
     # interactive access
     path("jobs/<int:job_id>/terminal/<int:attempt_id>/", access.terminal, name="terminal"),
+    path("jobs/<int:job_id>/tasks/<int:attempt_id>/ports/<int:port>/", access.web_port, name="web_port"),
     path("jobs/<int:job_id>/ssh-key/", access.ssh_key, name="ssh_key"),
     path("profile/ssh-keys/add/", access.ssh_key_add, name="ssh_key_add"),
     path("profile/ssh-keys/<int:key_id>/delete/", access.ssh_key_delete, name="ssh_key_delete"),
@@ -46,4 +49,10 @@ urlpatterns = [
     # api tokens
     path("profile/tokens/new/", token_views.token_create, name="token_create"),
     path("profile/tokens/<int:token_id>/revoke/", token_views.token_revoke, name="token_revoke"),
+    # notifications of job state changes
+    path("profile/notifications/webhook/", notifications.webhook_save, name="webhook_save"),
+    path("profile/notifications/webhook/delete/", notifications.webhook_delete, name="webhook_delete"),
+    path("profile/notifications/email/", notifications.email_save, name="email_notifications_save"),
+    # Prometheus
+    path("metrics", metrics.metrics, name="metrics"),
 ]

@@ -7,6 +7,8 @@ expected, so a typo in a deployment fails at start-up instead of at 3 a.m.
 from __future__ import annotations
 
 import os
+import stat
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -65,8 +67,67 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_port_list(name: str) -> frozenset[int]:
+    """Ports and ranges: "6006,8888,9000-9010"."""
+    ports: set[int] = set()
+    for item in env_list(name, []):
+        first, _, last = item.partition("-")
+        if not (first.isdigit() and (not last or last.isdigit())):
+            raise ImproperlyConfigured(f"{name}: {item!r} is not a port or a range like 9000-9010")
+        low, high = int(first), int(last or first)
+        if not 1 <= low <= high <= 65535:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not within 1-65535")
+        ports.update(range(low, high + 1))
+    return frozenset(ports)
+
+
+def env_float_list(name: str, default: list[float], *, minimum: float = 0.0) -> list[float]:
+    """Numbers separated by commas: "10,60,300"."""
+    values = []
+    for item in env_list(name, [str(value) for value in default]):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not a number") from None
+        if value < minimum:
+            raise ImproperlyConfigured(f"{name}: {item!r} is less than {minimum}")
+        values.append(value)
+    return values
+
+
+def env_network_list(name: str, default: list[str], *, keywords: tuple[str, ...] = ()) -> list[str]:
+    """CIDRs ("10.0.0.0/8", "2001:db8::/32", a bare address) and the given
+    keywords, separated by commas; empty means the default."""
+    import ipaddress
+
+    values = env_list(name, default) or list(default)
+    for item in values:
+        if item in keywords:
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            expected = " or ".join(("a CIDR such as 10.0.0.0/8", *keywords))
+            raise ImproperlyConfigured(f"{name}: {item!r} is not {expected}") from None
+    return values
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = os.environ.get(name, default).strip()
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={value!r}: expected one of {', '.join(choices)}")
     return value
+
+
+def private_folder(path: Path, *, name: str) -> None:
+    """Make `path` (0700) when missing; close it to others when it is ours
+    and open to them. A folder of another user's that others may enter
+    stops the start-up, naming the variable."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if not stat.S_IMODE(info.st_mode) & 0o077:
+        return
+    if info.st_uid != os.geteuid():
+        raise ImproperlyConfigured(f"{name}={str(path)!r} is open to other users and not ours to close: "
+                                   "expected a folder of the portal's user with mode 0700")
+    os.chmod(path, 0o700)

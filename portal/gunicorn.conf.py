@@ -15,7 +15,7 @@ database connections and contention for SQLite's lock.
 import os
 
 wsgi_app = "portal.asgi:application"
-worker_class = "uvicorn_worker.UvicornWorker"
+worker_class = "portal.workers.PortalWorker"  # uvicorn's, WebSocket messages bounded
 workers = int(os.environ.get("PORTAL_WORKERS") or min(2 * (os.cpu_count() or 1), 8))
 timeout = 120
 graceful_timeout = 10

@@ -6,15 +6,25 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+from jobs.storage import registry as _storage_registry
+from portal.env import (
+    env_bool, env_choice, env_float, env_float_list, env_int, env_list, env_network_list, env_port_list, env_str,
+    private_folder,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PORTAL_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+# var/ holds the database, secrets, logs and users' files: the portal's user
+# alone may enter it (finding 12). Staged code below it is bind-mounted into
+# containers, which does not need the way there to be open.
+private_folder(VAR_DIR, name="PORTAL_VAR_DIR")
 
 DEBUG = env_bool("PORTAL_DEBUG", False)
 SECRET_KEY = env_str("PORTAL_SECRET_KEY")
@@ -24,6 +34,9 @@ if not SECRET_KEY:
             "PORTAL_SECRET_KEY is not set: give a long random string (scripts/run makes one in var/secret_key)"
         )
     SECRET_KEY = "insecure-development-key-only-used-with-PORTAL_DEBUG"
+# Old keys, newest first, while rotating PORTAL_SECRET_KEY: sessions signed and
+# job private keys sealed (jobs/keys.py) with them still open.
+SECRET_KEY_FALLBACKS = env_list("PORTAL_SECRET_KEY_FALLBACKS", [])
 
 ALLOWED_HOSTS = env_list("PORTAL_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("PORTAL_CSRF_TRUSTED_ORIGINS", [])
@@ -175,45 +188,84 @@ LOGGING = {
 PAI_INSTANCE = env_str("PAI_INSTANCE", "portal")
 DOCKER_HOST = env_str("DOCKER_HOST", "unix:///var/run/docker.sock")
 
-# Storage: "local" keeps files under STORAGE_LOCAL_ROOT and addresses them
-# with file:// URIs; "webhdfs" talks to an HDFS namenode's WebHDFS endpoint.
-STORAGE_BACKEND = env_choice("STORAGE_BACKEND", "local", ("local", "webhdfs"))
+# Storage: STORAGE_BACKEND picks a kind of storage from jobs/storage/registry.py:
+# "local" keeps files under STORAGE_LOCAL_ROOT and addresses them with file://
+# URIs; "webhdfs" talks to an HDFS namenode's WebHDFS endpoint (hdfs:// URIs).
+# The kind knows its URI scheme, its default PAI_DEFAULT_FS_URI and which of
+# the settings below it needs, and checks them here, at start-up.
+STORAGE_BACKEND = env_choice("STORAGE_BACKEND", "local", _storage_registry.BACKEND_NAMES)
 STORAGE_LOCAL_ROOT = Path(env_str("STORAGE_LOCAL_ROOT", str(VAR_DIR / "storage"))).resolve()
 WEBHDFS_URL = env_str("WEBHDFS_URL", "")
 WEBHDFS_USER = env_str("WEBHDFS_USER", "pai")
-if STORAGE_BACKEND == "webhdfs" and not WEBHDFS_URL.startswith(("http://", "https://")):
-    raise ImproperlyConfigured("STORAGE_BACKEND=webhdfs needs WEBHDFS_URL, e.g. http://namenode:9870")
+_storage = _storage_registry.storage_for_backend(STORAGE_BACKEND)
 # Empty (as in .env.example) means the backend's default. "file://" ends up
 # as "file:", so "$PAI_DEFAULT_FS_URI/alice/code" reads "file:/alice/code".
-PAI_DEFAULT_FS_URI = (
-    env_str("PAI_DEFAULT_FS_URI", "") or ("file://" if STORAGE_BACKEND == "local" else "hdfs://namenode:9000")
-).rstrip("/")
-if not PAI_DEFAULT_FS_URI.startswith("file:" if STORAGE_BACKEND == "local" else "hdfs://"):
-    raise ImproperlyConfigured(
-        f"PAI_DEFAULT_FS_URI={PAI_DEFAULT_FS_URI!r} does not match STORAGE_BACKEND={STORAGE_BACKEND}: expected "
-        + ("file:// (or leave it empty)" if STORAGE_BACKEND == "local" else "hdfs://<namenode>:<rpc port>, e.g. hdfs://namenode:9000")
-    )
+PAI_DEFAULT_FS_URI = (env_str("PAI_DEFAULT_FS_URI", "") or _storage.default_fs_uri).rstrip("/")
+_storage.check_settings(globals())
 STORAGE_SHARED_FOLDERS = env_list("STORAGE_SHARED_FOLDERS", ["shared"])
 CODE_DIR_MAX_MB = env_int("CODE_DIR_MAX_MB", 200, minimum=1)
+# Per user, over /<user> and /Output/<user> (jobs/storage/quota.py); 0: no limit.
+STORAGE_QUOTA_MB = env_int("STORAGE_QUOTA_MB", 10240, minimum=0)
+STORAGE_QUOTA_FILES = env_int("STORAGE_QUOTA_FILES", 100000, minimum=0)
+# How long a measured usage is kept (writes through the portal add to it).
+STORAGE_USAGE_CACHE_SECONDS = env_int("STORAGE_USAGE_CACHE_SECONDS", 300, minimum=0)
+# What one task's /pai/output may upload; past it, the files that fit.
+OUTPUT_MAX_MB_PER_TASK = env_int("OUTPUT_MAX_MB_PER_TASK", 1024, minimum=1)
+OUTPUT_MAX_FILES_PER_TASK = env_int("OUTPUT_MAX_FILES_PER_TASK", 10000, minimum=1)
 UPLOAD_OUTPUTS_DEFAULT = env_bool("UPLOAD_OUTPUTS_DEFAULT", False)
 STAGE_DIR = Path(env_str("PAI_STAGE_DIR", str(VAR_DIR / "stage"))).resolve()
 
 NODE_HEARTBEAT_SECONDS = env_float("NODE_HEARTBEAT_SECONDS", 5.0, minimum=0.2)
 NODE_LOST_AFTER_SECONDS = env_float("NODE_LOST_AFTER_SECONDS", 30.0, minimum=1.0)
 RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 15.0, minimum=0.5)
+# While jobs wait, a scheduling pass starts at least this often: a lost
+# wake-up is repaired within this plus one heartbeat (jobs/node/agent.py).
+SCHEDULE_REPAIR_SECONDS = env_float("SCHEDULE_REPAIR_SECONDS", 5.0, minimum=0.5)
 SCHEDULER_MAX_OVERTAKES = env_int("SCHEDULER_MAX_OVERTAKES", 3, minimum=0)
 # Scheduling passes start at most this often (seconds); see jobs/queues.py.
 SCHEDULER_MIN_PASS_GAP = env_float("SCHEDULER_MIN_PASS_GAP", 0.1, minimum=0.0)
 STOP_GRACE_SECONDS = env_int("STOP_GRACE_SECONDS", 10, minimum=0)
 LOG_MAX_BYTES_PER_TASK = env_int("LOG_MAX_BYTES_PER_TASK", 50 * 1024 * 1024, minimum=1024)
+LOG_MAX_BYTES_PER_JOB = env_int("LOG_MAX_BYTES_PER_JOB", 200 * 1024 * 1024, minimum=1024)
+LOG_MAX_ROWS_PER_JOB = env_int("LOG_MAX_ROWS_PER_JOB", 2_000_000, minimum=100)
 LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 64 * 1024, minimum=256)
 LOG_FLUSH_SECONDS = env_float("LOG_FLUSH_SECONDS", 0.25, minimum=0.01)
 WEB_PORT_LABELS = env_list("WEB_PORT_LABELS", ["jupyter", "http", "https", "tensorboard", "web"])
+# Web-labelled ports are published only on this loopback address of their
+# node, never on its public address; the portal's proxy (jobs/webports/)
+# reaches them there for their owner. It must not be one of the portal's own
+# host names (the portal's cookies would reach every job's web port).
+NODE_WEB_PORT_ADDRESS = env_str("NODE_WEB_PORT_ADDRESS", "127.0.0.3")
+try:
+    _web_address_is_loopback = ipaddress.ip_address(NODE_WEB_PORT_ADDRESS).is_loopback
+except ValueError:
+    _web_address_is_loopback = False
+if not _web_address_is_loopback:
+    raise ImproperlyConfigured(f"NODE_WEB_PORT_ADDRESS={NODE_WEB_PORT_ADDRESS!r}: expected a loopback IP address "
+                               "such as 127.0.0.3 (web ports are reached through the portal's proxy only)")
+# The proxy serves each task's web port at its own host name,
+# t<task attempt>-<port>.PORTAL_PROXY_DOMAIN (any *.localhost name is
+# loopback to browsers), on the port the portal was reached on unless
+# PORTAL_PROXY_PORT says otherwise (a TLS front on 443, for instance).
+PORTAL_PROXY_DOMAIN = env_str("PORTAL_PROXY_DOMAIN", "localhost").strip().strip(".").lower()
+if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", PORTAL_PROXY_DOMAIN):
+    raise ImproperlyConfigured(f"PORTAL_PROXY_DOMAIN={PORTAL_PROXY_DOMAIN!r}: expected a DNS name such as localhost "
+                               "or jobs.example.org")
+PORTAL_PROXY_PORT = env_int("PORTAL_PROXY_PORT", 0, minimum=0, maximum=65535)
+# How long the proxy's own sign-in (a host-only cookie per task host) lasts;
+# every request is checked again anyway (user active, allowed, task running).
+PORTAL_PROXY_SESSION_SECONDS = env_int("PORTAL_PROXY_SESSION_SECONDS", 8 * 3600, minimum=60)
 JOB_SUBNET_POOL = env_str("JOB_SUBNET_POOL", "10.213.0.0/16")
-# One-task jobs: Docker's default "bridge" network (fastest start), or
-# "isolated", a shared network of ours where containers cannot reach each
-# other (about 70 ms more per start). Multi-task jobs always get their own.
-SINGLE_TASK_NETWORK = env_choice("SINGLE_TASK_NETWORK", "bridge", ("bridge", "isolated"))
+# One-task jobs run on a shared network of ours where containers cannot
+# reach each other; multi-task jobs each get their own. "bridge" (Docker's
+# default network, where every job reached every other: security finding 5)
+# is no longer offered, and a config that still asks for it fails here.
+SINGLE_TASK_NETWORK = env_choice("SINGLE_TASK_NETWORK", "isolated", ("isolated",))
+# Browser terminals one user may have open at once.
+TERMINAL_SESSIONS_PER_USER = env_int("TERMINAL_SESSIONS_PER_USER", 4, minimum=1)
+# A terminal whose shell takes none of the user's input for this long is
+# closed (its input waits for the shell, never piles up in the portal).
+TERMINAL_INPUT_STALL_SECONDS = env_float("TERMINAL_INPUT_STALL_SECONDS", 30.0, minimum=1.0)
 JUPYTER_IDLE_MINUTES = env_int("JUPYTER_IDLE_MINUTES", 60, minimum=1)
 # Submit Job: the image a new job starts with (pick one every node has locally).
 SUBMIT_DEFAULT_IMAGE = env_str("SUBMIT_DEFAULT_IMAGE", "pai-local/debian:bookworm")
@@ -227,6 +279,51 @@ API_ANONYMOUS_READ = env_bool("API_ANONYMOUS_READ", False)
 CORS_ALLOWED_ORIGINS = env_list("CORS_ALLOWED_ORIGINS", [])
 LOGIN_FAILURES_ALLOWED = env_int("LOGIN_FAILURES_ALLOWED", 10, minimum=1)
 LOGIN_FAILURE_WINDOW_SECONDS = env_int("LOGIN_FAILURE_WINDOW_SECONDS", 300, minimum=1)
+# Fixed task ports (portList beginAt > 0) must lie in a node's task port
+# range; these ports are allowed besides (e.g. "6006,8888" or "9000-9010").
+FIXED_PORTS_ALLOWED = env_port_list("FIXED_PORTS_ALLOWED")
+# Registries a job's image may name although they are on a private (or, for a
+# test set-up, loopback) address: "registry:5000", host names or CIDRs.
+REGISTRY_ALLOWED = env_list("REGISTRY_ALLOWED", [])
+# The Submit page's live check of a config as it is typed, per user.
+LIVE_CHECKS_PER_MINUTE = env_int("LIVE_CHECKS_PER_MINUTE", 60, minimum=1)
+# Job submissions through the REST API, per token and minute (a fixed
+# window, so a burst at a window's edge may reach twice as many). Generous:
+# a sweep script runs at full speed; a runaway loop is slowed down. The
+# per-user waiting-job limits (Django admin, "User limits") cap what is kept.
+API_SUBMISSIONS_PER_MINUTE = env_int("API_SUBMISSIONS_PER_MINUTE", 1200, minimum=1)
+
+# ------------------------------------------------------------------ insight
+# /metrics (Prometheus): admins (session or API token), and a scraper that
+# sends `Authorization: Bearer <METRICS_TOKEN>`. Empty: admins only.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "").strip()
+if METRICS_TOKEN and len(METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured("METRICS_TOKEN: use at least 32 random characters (e.g. `openssl rand -hex 32`)")
+# The portal's own address, for the job links in webhooks and e-mails (sent
+# by node agents, which serve no request to take it from).
+PORTAL_URL = env_str("PORTAL_URL", "").strip().rstrip("/")
+if PORTAL_URL and not re.match(r"https?://[^/\s]+(/\S*)?\Z", PORTAL_URL):
+    raise ImproperlyConfigured(f"PORTAL_URL={PORTAL_URL!r}: expected http(s)://host[:port][/path]")
+# Where webhooks may be delivered: CIDRs, and "public" for every globally
+# routable address (never loopback, private, link-local, the cloud metadata
+# address ...). Checked on the address each delivery connects to.
+WEBHOOK_ALLOWED_NETWORKS = env_network_list("WEBHOOK_ALLOWED_NETWORKS", ["public"], keywords=("public",))
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.5)
+# Waits before each retry of a failed delivery (webhook or e-mail); one try
+# plus one per entry.
+WEBHOOK_RETRY_SECONDS = env_float_list("WEBHOOK_RETRY_SECONDS", [10, 60, 300, 1800, 7200])
+# E-mail about job state changes, for users who ask for it (Profile page, or
+# extras.jobStatusChangeNotification in a job config). No EMAIL_HOST: none.
+EMAIL_HOST = env_str("EMAIL_HOST", "").strip()
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL: set one of them, not both")
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "portal@localhost")
 
 # Tests that need Docker, Redis or a browser fail instead of skipping when
 # this is set (the README's test command and CI set it).

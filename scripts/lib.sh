@@ -3,11 +3,18 @@
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VAR="${PORTAL_VAR_DIR:-$ROOT/var}"
-RUN="$VAR/run"
+# scripts/test keeps its records apart (PORTAL_RUN_SET=test), so running the
+# tests beside a running portal never loses what scripts/run started.
+RUN="$VAR/run${PORTAL_RUN_SET:+/$PORTAL_RUN_SET}"
 LOGDIR="$VAR/log"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
-mkdir -p "$RUN" "$LOGDIR"
+# var/ holds the database, secrets, logs and users' files: ours alone (0700),
+# and what is made in it here too.
+mkdir -p "$VAR" && chmod 700 "$VAR"
+mkdir -p -m 700 "$RUN" "$LOGDIR"
+chmod 700 "$RUN" "$LOGDIR"
+find "$LOGDIR" -maxdepth 1 -type f -name '*.log' -exec chmod 600 {} + 2>/dev/null || true
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -24,12 +31,17 @@ pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 stop_pidfile() {
   # stop_pidfile FILE [SECONDS]: SIGTERM, wait, then SIGKILL; only that PID.
+  # Fails (and keeps FILE) when the process outlives even SIGKILL.
   local file=$1 wait=${2:-20} pid
   pid_alive "$file" || { rm -f "$file"; return 0; }
   pid=$(cat "$file")
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq $((wait * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  kill -0 "$pid" 2>/dev/null && return 1
   rm -f "$file"
 }
 
@@ -52,6 +64,22 @@ install_packages() {
 
 base_packages() {
   install_packages python3 python3-venv docker.io redis-server busybox-static mmdebstrap openssh-client curl ca-certificates
+}
+
+hadoop_packages() {
+  # Java and Maven, for the HDFS minicluster (tests, scripts/hdfs-minicluster).
+  install_packages openjdk-17-jdk-headless maven
+}
+
+build_minicluster() {
+  # Compile hadoop/minicluster; Maven resolves Hadoop into its local cache
+  # (~/.m2) the first time and writes target/classpath.txt, so starting it
+  # later needs only java. Again only when its pom or sources change.
+  local dir="$ROOT/hadoop/minicluster" stamp="$ROOT/hadoop/minicluster/target/classpath.txt"
+  if [ -f "$stamp" ] && [ -z "$(find "$dir/pom.xml" "$dir/src" -newer "$stamp" -print -quit)" ]; then return 0; fi
+  say "building the HDFS minicluster (hadoop/minicluster; Maven fetches Hadoop once)"
+  mvn -B -q -f "$dir/pom.xml" compile || die "mvn compile in hadoop/minicluster failed"
+  touch "$stamp"
 }
 
 make_venv() {
@@ -83,20 +111,30 @@ build_images() {
 }
 
 secret() {
-  # secret NAME: a random value made once and kept in var/ (mode 600).
-  local file="$VAR/$1"
-  if [ ! -s "$file" ]; then (umask 077; head -c 32 /dev/urandom | base64 | tr -d '/+=\n' > "$file"); fi
+  # secret NAME [BYTES]: a random value made once and kept in var/ (mode 600),
+  # made again when the kept one is shorter than BYTES random bytes give
+  # (a secret key from an older checkout was too short for Django's checks).
+  local file="$VAR/$1" bytes=${2:-32} want
+  want=$(( bytes * 4 / 3 - 4 ))  # base64 length less what tr may strip, roughly
+  if [ ! -s "$file" ] || [ "$(wc -c < "$file")" -lt "$want" ]; then
+    (umask 077; head -c $((bytes * 2)) /dev/urandom | base64 | tr -d '/+=\n' | head -c $((bytes * 4 / 3)) > "$file")
+    chmod 600 "$file"
+  fi
   cat "$file"
 }
 
 stop_started() {
-  # Stop, newest first, everything this script started.
+  # Stop, newest first, everything this script started. Says what it could
+  # not stop, keeps those in the record, and then fails.
   [ -f "$RUN/started" ] || return 0
-  tac "$RUN/started" | while read -r name; do
-    case "$name" in
-      dockerd) stop_pidfile "$RUN/dockerd.pid" 30 ;;
-      *) stop_pidfile "$RUN/$name.pid" 20 ;;
-    esac
-  done
+  local name left=()
+  while read -r name; do
+    [ -n "$name" ] || continue
+    if ! stop_pidfile "$RUN/$name.pid" "$([ "$name" = dockerd ] && echo 30 || echo 20)"; then
+      printf 'could not stop %s (pid %s)\n' "$name" "$(cat "$RUN/$name.pid" 2>/dev/null)" >&2
+      left+=("$name")
+    fi
+  done < <(tac "$RUN/started")
+  if [ ${#left[@]} -gt 0 ]; then printf '%s\n' "${left[@]}" > "$RUN/started"; return 1; fi
   rm -f "$RUN/started"
 }

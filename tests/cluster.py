@@ -108,7 +108,7 @@ class Cluster:
     def start_agent(self, name: str, *, ports: str, cpus: int = 16, memory_mb: int = 32768, gpus: int = 0,
                     gpu_type: str = "SIM", wait: bool = True, env: dict[str, str] | None = None) -> Process:
         args = [sys.executable, "manage.py", "node_agent", "--name", name, "--ports", ports, "--cpus", str(cpus),
-                "--memory-mb", str(memory_mb), "--address", "127.0.0.1"]
+                "--memory-mb", str(memory_mb), "--address", "127.0.0.2"]
         if gpus:
             args += ["--gpus", str(gpus), "--gpu-type", gpu_type]
         process = self._spawn(f"agent-{name}", args, **(env or {}))
@@ -135,13 +135,13 @@ class Cluster:
 
     # --------------------------------------------------------------- portal
 
-    def start_portal(self) -> None:
+    def start_portal(self, *, name: str = "gunicorn", env: dict[str, str] | None = None) -> None:
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
-        process = self._spawn("gunicorn", [
+        process = self._spawn(name, [
             sys.executable, "-m", "gunicorn", "-c", "portal/gunicorn.conf.py", "-w", "2", "-b", f"127.0.0.1:{port}",
             "--graceful-timeout", "5",
-        ])
+        ], **(env or {}))
 
         def answers() -> bool:
             if not process.alive():
@@ -159,7 +159,8 @@ class Cluster:
 
 
 def remove_test_containers() -> None:
-    """Remove every container and network labelled with the test instance."""
+    """Remove every container and network labelled with the test instance,
+    and the task firewall rules of agents that are gone."""
     import docker
 
     client = docker.from_env()
@@ -171,3 +172,8 @@ def remove_test_containers() -> None:
             network.remove()
         except docker.errors.APIError:
             pass
+    # Firewall rules of agents that are gone (SIGKILLed in a test); live
+    # agents' rules (another test run's) stay. See jobs/node/launcher/firewall.py.
+    from jobs.node.launcher import firewall
+
+    firewall.remove_stale()

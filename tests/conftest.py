@@ -98,6 +98,22 @@ def cluster(redis_server, docker_engine, static_files) -> Iterator[Cluster]:
         remove_test_containers()
 
 
+@pytest.fixture(scope="session")
+def hdfs_cluster():
+    """A real HDFS (tests/hdfs_cluster.py): one minicluster JVM per session,
+    started only when a test asks for it, stopped by PID at the end."""
+    from tests import hdfs_cluster as minicluster
+
+    try:
+        running = minicluster.start_session_cluster()
+    except FileNotFoundError as exc:
+        test_services.unavailable(f"{exc.args[0]} (for the HDFS minicluster; scripts/test installs it)")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 _counter = itertools.count()
 
 

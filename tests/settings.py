@@ -14,7 +14,33 @@ _ROOT = Path(__file__).resolve().parent.parent
 # Each pytest session gets its own folder, label, subnets and host ports, so
 # two test runs on one machine (or one beside a live portal) never collide.
 RUN_ID = os.environ.get("PORTAL_TEST_RUN") or str(os.getpid())
-_slot = int(RUN_ID) % 18 if RUN_ID.isdigit() else 0
+_SLOTS = 18
+
+
+def _take_slot() -> int:
+    """A slot (host ports, subnets) no other live test run holds: each run
+    keeps an exclusive lock on its slot's file until it exits. A slot from the
+    pid alone let two runs whose pids matched modulo 18 share ports."""
+    import fcntl
+
+    folder = _ROOT / "var" / "test"
+    folder.mkdir(parents=True, exist_ok=True)
+    start = int(RUN_ID) % _SLOTS if RUN_ID.isdigit() else 0
+    for step in range(_SLOTS):
+        slot = (start + step) % _SLOTS
+        handle = open(folder / f"slot-{slot}.lock", "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        _held_slot_files.append(handle)  # kept open: the lock lasts as long as this process
+        return slot
+    raise RuntimeError(f"all {_SLOTS} test slots are taken by other test runs on this machine")
+
+
+_held_slot_files: list = []
+_slot = _take_slot()
 TEST_VAR = _ROOT / "var" / "test" / f"run-{RUN_ID}"
 # Agents take ranges from here (see tests/cluster.py): 21000-32399, below
 # Linux's ephemeral ports (32768-60999), which any client may hold.
@@ -36,9 +62,14 @@ TEST_ENV = {
     "NODE_HEARTBEAT_SECONDS": "1",
     "NODE_LOST_AFTER_SECONDS": "8",
     "RECONCILE_SECONDS": "3",
+    "SCHEDULE_REPAIR_SECONDS": "2",
+    "TERMINAL_INPUT_STALL_SECONDS": "5",
     "STOP_GRACE_SECONDS": "3",
     "LOG_FLUSH_SECONDS": "0.2",
     "PORTAL_LOG_LEVEL": "WARNING",
+    # The tests' webhook receivers listen on 127.0.0.1 (tests/test_notifications.py);
+    # the default, public addresses only, is tested there too.
+    "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
 }
 os.environ.update(TEST_ENV)
 # Playwright's sync API runs an event loop in the test thread; the ORM calls

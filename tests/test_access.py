@@ -12,6 +12,7 @@ import re
 import subprocess
 import uuid
 from datetime import timedelta
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -26,11 +27,13 @@ from jobs import keys, services
 from jobs.models import SshKey, State, TaskAttempt, TerminalSession, User
 from jobs.services import access
 from tests.cluster import wait_for
+from tests.task_hosts import TaskHostClient, follow_to_task_host
 from tests.helpers import (
     DEBIAN_IMAGE, config, csrf_token, example, hashed_password, lines, login, role, running_attempt, submit, wait_state,
 )
 
 JUPYTER_PORT = [{"label": "jupyter", "beginAt": 0, "portNumber": 1}]
+NODE_ADDRESS = "127.0.0.2"  # the test cluster's nodes (tests/cluster.py): not the portal's 127.0.0.1
 
 
 # ------------------------------------------------------------------ helpers
@@ -62,7 +65,7 @@ def ssh(key: Path, port: int, command: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["ssh", "-i", str(key), "-p", str(port), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
          "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
-         "root@127.0.0.1", command],
+         f"root@{NODE_ADDRESS}", command],
         capture_output=True, text=True, timeout=60,
     )
 
@@ -177,7 +180,7 @@ def test_it_lets_the_owner_ssh_in_with_the_downloaded_key_and_no_one_else(alice,
 
     # The page shows the command to copy, and the key's download link.
     page = job_page(owner, base, job)
-    command = f"ssh -p {port} root@127.0.0.1 -i sshjob.key"
+    command = f"ssh -p {port} root@{NODE_ADDRESS} -i sshjob.key"
     assert f'data-copy="{command}"' in page
     download = links_with_class(page, "ssh-key-link")
     assert download and download[0] == f"/jobs/{job.pk}/ssh-key/"
@@ -200,6 +203,24 @@ def test_it_lets_the_owner_ssh_in_with_the_downloaded_key_and_no_one_else(alice,
     other_private, _other_public = keys.new_key_pair("bob")
     refused = ssh(write_key(tmp_path / "other.key", other_private), port, "true")
     assert refused.returncode != 0 and "Permission denied" in refused.stderr
+
+
+def test_it_authorizes_the_key_a_v2_jobs_ssh_plugin_names(alice, cluster, tmp_path):
+    private, public = keys.new_key_pair("plugin@laptop")
+    text = "\n".join([
+        "protocolVersion: 2", "name: pluginssh", "type: job",
+        "prerequisites:", f"  - {{name: img, type: dockerimage, uri: '{DEBIAN_IMAGE}'}}",
+        "taskRoles:", "  main:", "    dockerImage: img",
+        "    resourcePerInstance: {cpu: 1, memoryMB: 512, gpu: 0}", "    commands: ['sleep 600']",
+        "extras:", "  com.microsoft.pai.runtimeplugin:", "    - plugin: ssh",
+        "      parameters: {jobssh: true, userssh: {type: custom, value: '" + public + "'}}", "",
+    ])
+    job = services.job_submit(owner=alice, config=text)
+    attempt = running_attempt(job)
+    wait_for(lambda: TaskAttempt.objects.get(pk=attempt.pk).ssh_available is True, what="sshd to be found")
+    port = TaskAttempt.objects.get(pk=attempt.pk).ports["ssh"][0]
+    assert ssh_until_it_answers(write_key(tmp_path / "plugin.key", private), port, "hostname").stdout.strip() == "main-0"
+    services.job_stop(job=job, by=alice)
 
 
 @pytest.mark.services
@@ -321,8 +342,13 @@ def test_it_reads_the_token_a_command_gives_jupyter():
     assert access.token_in_command("echo 'unbalanced") is None
 
 
+def jupyter_home(client: TaskHostClient, path: str) -> requests.Response:
+    """Jupyter's answer through the proxy, once the server listens."""
+    return wait_for(lambda: (r := client.follow(path)).status_code == 200 and r, timeout=90, what="Jupyter to answer")
+
+
 @pytest.mark.services
-def test_it_serves_jupyter_from_a_task_and_opens_it_from_the_job_page(alice, cluster):
+def test_it_serves_jupyter_from_a_task_through_the_portal_and_opens_it_from_the_job_page(alice, cluster):
     base = cluster.base_url
     # The reference example (no token), and the same server left to make a token.
     plain = submit(alice, example("jupyter-notebook.json", jobName="notebook", image=DEBIAN_IMAGE))
@@ -334,24 +360,76 @@ def test_it_serves_jupyter_from_a_task_and_opens_it_from_the_job_page(alice, clu
     attempt = running_attempt(plain, timeout=90)
     page = job_page(owner, base, plain)
     port = attempt.ports["jupyter"][0]
-    assert f'href="http://127.0.0.1:{port}/"' in page  # the ports column links the web port
+    proxy_link = f"/jobs/{plain.pk}/tasks/{attempt.pk}/ports/{port}/"
+    assert f'href="{proxy_link}"' in page  # the ports column links the web port, through the portal
+    assert f"{NODE_ADDRESS}:{port}" not in page  # published on the node's loopback only
     url = wait_for(lambda: links_with_class(job_page(owner, base, plain), "jupyter-link"), what="the Jupyter link")[0]
     # The example sets the token to "" (two quote characters, as the shell
     # passes them); the link carries it, so the click lands in the notebook.
-    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=%22%22", url)
-    response = wait_for(lambda: (r := requests.get(url, timeout=5)).status_code == 200 and r, timeout=90,
-                        what="Jupyter to answer")
+    assert url == proxy_link + "?next=%2F%3Ftoken%3D%2522%2522"
+    client, landing = follow_to_task_host(owner, base, unescape(url))
+    assert landing == "/?token=%22%22"
+    response = jupyter_home(client, landing)
     assert "<title>Home Page - Select or create a notebook</title>" in response.text  # the notebook's file tree
 
     attempt = running_attempt(tokened, timeout=90)
     found = wait_for(lambda: access.jupyter_token(tokened, attempt), timeout=90, what="Jupyter to print its token")
     url = links_with_class(job_page(owner, base, tokened), "jupyter-link")[0]
-    assert re.fullmatch(rf"http://127\.0\.0\.1:\d+/\?token={found}", url)
-    response = wait_for(lambda: (r := requests.get(url, timeout=5)).status_code == 200 and r, timeout=30,
-                        what="Jupyter to answer")
-    assert "<title>Home Page - Select or create a notebook</title>" in response.text
-    without_token = requests.get(url.split("?")[0], timeout=5)
-    assert "/login" in without_token.url  # the token is what let us in
+    client, landing = follow_to_task_host(owner, base, unescape(url))
+    assert landing == f"/?token={found}"
+    assert "<title>Home Page - Select or create a notebook</title>" in jupyter_home(client, landing).text
+    without_token = TaskHostClient(client.base_url, client.host, client.cookie).get("/tree")  # not Jupyter's cookie
+    assert without_token.status_code == 302 and "/login" in without_token.headers["Location"]  # the token let us in
+
+
+# Start a kernel and run 6*7 over its WebSocket, as the notebook page does.
+RUN_IN_A_KERNEL = """async () => {
+  const xsrf = decodeURIComponent((document.cookie.match(/_xsrf=([^;]+)/) || [])[1] || "");
+  const made = await fetch("/api/kernels", {method: "POST", body: "{}",
+                                            headers: {"X-XSRFToken": xsrf, "Content-Type": "application/json"}});
+  if (!made.ok) return "kernel " + made.status;
+  const kernel = await made.json();
+  return await new Promise((resolve) => {
+    const ws = new WebSocket(`ws://${location.host}/api/kernels/${kernel.id}/channels?session_id=s1`);
+    const timer = setTimeout(() => resolve("timeout"), 60000);
+    ws.onopen = () => ws.send(JSON.stringify({
+      header: {msg_id: "m1", username: "t", session: "s1", msg_type: "execute_request", version: "5.3",
+               date: new Date().toISOString()},
+      parent_header: {}, metadata: {}, channel: "shell", buffers: [],
+      content: {code: "6*7", silent: false, store_history: false, user_expressions: {}, allow_stdin: false,
+                stop_on_error: true}}));
+    ws.onmessage = (e) => { const m = JSON.parse(e.data);
+      if (m.msg_type === "execute_result") { clearTimeout(timer); resolve(m.content.data["text/plain"]); } };
+    ws.onclose = (e) => { clearTimeout(timer); resolve("closed " + e.code); };
+  });
+}"""
+
+
+@pytest.mark.services
+@pytest.mark.browser
+def test_it_opens_jupyter_from_the_job_page_in_a_browser_and_runs_a_kernel_through_the_portal(page, alice, cluster):
+    from tests.browser import login as browser_login, screenshot
+
+    job = submit(alice, example("jupyter-notebook.json", jobName="notebook_browser", image=DEBIAN_IMAGE))
+    attempt = running_attempt(job, timeout=90)
+    port = attempt.ports["jupyter"][0]
+    owner = login(cluster.base_url, alice)
+    url = wait_for(lambda: links_with_class(job_page(owner, cluster.base_url, job), "jupyter-link"), what="the link")[0]
+    client, landing = follow_to_task_host(owner, cluster.base_url, url)
+    jupyter_home(client, landing)  # the server listens: the click below lands in it
+
+    browser_login(page, alice)
+    page.goto(f"/jobs/{job.pk}/")
+    with page.context.expect_page() as opened:
+        page.get_by_role("link", name="Open Jupyter").click()
+    notebook = opened.value
+    notebook.wait_for_load_state()
+    assert notebook.title() == "Home Page - Select or create a notebook"
+    portal_port = cluster.base_url.rsplit(":", 1)[1]
+    assert notebook.url == f"http://t{attempt.pk}-{port}.localhost:{portal_port}/tree"
+    assert "sessionid" not in notebook.evaluate("document.cookie")  # the portal's cookies stay with the portal
+    screenshot(notebook, "jupyter-through-the-portal")
+    assert notebook.evaluate(RUN_IN_A_KERNEL) == "42"
 
 
 @pytest.mark.services

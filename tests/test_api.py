@@ -102,7 +102,7 @@ def test_it_serves_info_on_both_prefixes_and_json_404s_elsewhere(cluster):
         body = expect(requests.get(cluster.base_url + path, timeout=10), 200)
         assert body == {"name": "GPU Job Portal REST API", "version": "v1.0.0", "launcherType": "yarn",
                         "authnMethod": "basic"}
-    for path in ("/api/v1/nope", "/rest-server/api/v1/user/x/jobs/y/z/w", "/api/v2/jobs", "/api"):
+    for path in ("/api/v1/nope", "/rest-server/api/v1/user/x/jobs/y/z/w", "/api/v2/nope", "/api/v3/jobs", "/api"):
         expect(requests.get(cluster.base_url + path, timeout=10), 404, "NoApiError")
     described = expect(requests.get(cluster.base_url + "/rest-server/api/v1/openapi.json", timeout=10), 200)
     assert described["servers"] == [{"url": "/rest-server/api/v1"}] and "/user/{username}/jobs" in described["paths"]
@@ -174,7 +174,7 @@ def test_it_answers_bad_logins_alike_then_rate_limits_them(cluster, alice, setti
             "username": alice.username, "password": alice.test_password, "csrfmiddlewaretoken": csrf_token(page.text)},
             headers={"Referer": f"{cluster.base_url}/login/"})
         assert answer.status_code == 200 and "Too many failed logins" in answer.text
-        ratelimit.login_reset(username=alice.username)
+        ratelimit.login_reset(username=alice.username, address="127.0.0.1")
         assert login(cluster.base_url, alice).token
     finally:
         ratelimit.login_reset(username=alice.username, address="127.0.0.1")
@@ -290,7 +290,7 @@ def test_a_job_submitted_through_the_api_runs_and_reports_everything(cluster, al
     for task in tasks["taskStatuses"]:
         attempt = TaskAttempt.objects.get(job=job, task__index=task["taskIndex"])
         assert task["taskState"] == "SUCCEEDED" and task["containerExitCode"] == 0
-        assert task["containerId"] == attempt.container_id and task["containerIp"] == "127.0.0.1"
+        assert task["containerId"] == attempt.container_id and task["containerIp"] == "127.0.0.2"
         assert task["containerPorts"]["http"] == ",".join(map(str, attempt.ports["http"]))
         assert task["containerGpus"] == sum(1 << g for g in attempt.gpus) and bin(task["containerGpus"]).count("1") == 1
         log = expect(api.get(task["containerLog"].removeprefix(api.root)), 200)
@@ -413,7 +413,7 @@ def test_it_gives_ssh_details_and_the_key_to_the_owner_only(cluster, alice, bob,
     wait_for(lambda: TaskAttempt.objects.filter(job=job, ssh_available=True).exists(), timeout=90, what="sshd")
     info = expect(api.get(f"/user/{alice.username}/jobs/sshjob/ssh"), 200)
     attempt = TaskAttempt.objects.get(job=job)
-    assert info["containers"] == [{"id": attempt.container_id, "sshIp": "127.0.0.1",
+    assert info["containers"] == [{"id": attempt.container_id, "sshIp": "127.0.0.2",
                                    "sshPort": str(attempt.ports["ssh"][0]), "taskRole": "main", "taskIndex": 0}]
     link = info["keyPair"]["privateKeyDirectDownloadLink"]
     assert link == f"{api.root}/user/{alice.username}/jobs/sshjob/ssh/key"
@@ -506,7 +506,8 @@ def test_admins_manage_users_and_users_only_their_own_password(cluster, alice, a
 
     newcomer = Api(cluster.base_url, expect(Api(cluster.base_url).post("/token", {
         "username": name, "password": "a-Long-pass-phrase-1"}), 200)["token"])
-    expect(newcomer.put("/user", {"username": name, "password": "b-Long-pass-phrase-3", "modify": True}), 201)
+    expect(newcomer.put("/user", {"username": name, "password": "b-Long-pass-phrase-3", "modify": True,
+                                  "oldPassword": "a-Long-pass-phrase-1"}), 201)
     expect(newcomer.put("/user", {"username": name, "admin": True, "modify": True}), 403, "ForbiddenUserError")
     expect(newcomer.put("/user", {"username": alice.username, "password": "c-Long-pass-phrase-4", "modify": True}),
            403, "ForbiddenUserError")

@@ -259,16 +259,40 @@ def test_it_fails_the_tasks_of_a_lost_node(alice, cluster):
     cluster.start_agent("t-node-lost", ports=cluster.port_range(2), gpus=1, gpu_type="LOSTTEST")
     job = wait_state(submit(alice, config("lost", role(command="sleep 600", gpus=1), gpuType="LOSTTEST")), State.RUNNING)
     wait_for(lambda: TaskAttempt.objects.filter(job=job, state="RUNNING").exists(), what="the task to run")
+    container_id = TaskAttempt.objects.get(job=job).container_id
     cluster.agent("t-node-lost").stop(signal.SIGKILL)
     job = wait_state(job, State.FAILED, timeout=60)
     assert job.exit_type == ExitType.NODE_LOST
     assert "t-node-lost was lost" in job.exit_reason
+    # The container outlived its agent, still holding its host ports. The
+    # agent, back, removes it: its task already ended as "node lost".
+    engine = docker.from_env()
+    assert engine.containers.get(container_id).status == "running"
+    cluster.start_agent("t-node-lost", ports=cluster.port_range(2), gpus=1, gpu_type="LOSTTEST")
+
+    def removed() -> bool:
+        try:
+            engine.containers.get(container_id)
+        except docker.errors.NotFound:
+            return True
+        return False
+
+    wait_for(removed, timeout=30, what="the returning agent to remove the lost task's container")
+    cluster.agent("t-node-lost").stop()
 
 
-def test_it_reports_a_failed_image_pull(alice):
-    job = wait_state(submit(alice, config("nopull", role(), image="127.0.0.1:1/no/such-image:1")), State.FAILED, timeout=60)
+def test_it_reports_a_failed_image_pull(alice, cluster, settings):
+    # A loopback registry (nothing listens on port 1) is refused unless the
+    # admin opens it: here for submission (this process) and one agent.
+    settings.REGISTRY_ALLOWED = ["127.0.0.1:1"]
+    cluster.start_agent("t-node-pull", ports=cluster.port_range(5), gpus=1, gpu_type="PULLTEST",
+                        env={"REGISTRY_ALLOWED": "127.0.0.1:1"})
+    image = "127.0.0.1:1/no/such-image:1"
+    job = wait_state(submit(alice, config("nopull", role(gpus=1), image=image, gpuType="PULLTEST")), State.FAILED,
+                     timeout=60)
+    cluster.agent("t-node-pull").stop()
     assert job.exit_type == ExitType.IMAGE_PULL
-    assert "could not pull image 127.0.0.1:1/no/such-image:1" in job.exit_reason
+    assert f"could not pull image {image}: " in job.exit_reason and "connection refused" in job.exit_reason
 
 
 def test_it_truncates_a_huge_log_and_lets_the_task_go_on(alice, cluster):

@@ -13,6 +13,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -21,6 +22,7 @@ from django.utils import timezone
 from jobs.models import (
     ExitType, Job, JobAttempt, LogLine, Node, State, Stream, Task, TaskAttempt, TaskState, VirtualCluster,
 )
+from jobs.spec import parse_job_value
 from tests.helpers import config, role, submit
 
 NEVER_FITS_GPUS = 64  # the most a role may ask for, more than any node has
@@ -39,8 +41,10 @@ def waiting_job(owner, name: str) -> Job:
 def ended_job(owner, name: str, state: str = State.SUCCEEDED, **fields) -> Job:
     """A finished job row (what the platform leaves behind), with its attempt and one task."""
     now = timezone.now()
-    cfg = config(name, role())
-    defaults = dict(config_raw=json.dumps(cfg), config=cfg, total_tasks=1, total_roles=1, started_at=now - timedelta(minutes=3),
+    cfg = fields.pop("config", None) or config(name, role())
+    # Stored as submission stores it: normalized, every field filled in.
+    stored = parse_job_value(cfg, user_name=owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
+    defaults = dict(config_raw=json.dumps(cfg), config=stored, total_tasks=1, total_roles=1, started_at=now - timedelta(minutes=3),
                     finished_at=now, exit_type=ExitType.SUCCEEDED if state == State.SUCCEEDED else ExitType.USER_STOP)
     defaults.update(fields)
     job = Job.objects.create(owner=owner, name=name, virtual_cluster=VirtualCluster.objects.get(name="default"),
@@ -185,7 +189,7 @@ def test_strangers_get_404_on_every_url_of_a_job_and_admins_do_not(alice, bob, a
 def test_it_explains_a_waiting_job_with_its_place_in_the_queue(alice):
     # A ready node so the "can never fit" check has something to measure against.
     node = Node.objects.create(name=f"pages-node-{alice.pk}", address="127.0.0.9", docker_host="unix:///nonexistent",
-                               cpus=2, memory_mb=1024, last_heartbeat=timezone.now())
+                               cpus=2, memory_mb=1024, last_heartbeat=timezone.now(), agent_pid=1)
     try:
         job = waiting_job(alice, "too_big")
         html = client_for(alice).get(f"/jobs/{job.pk}/").content.decode()
@@ -214,8 +218,10 @@ def test_it_lists_each_tasks_node_ports_and_logs_with_web_ports_as_links(alice):
     attempt = task_attempt(job, state=TaskState.RUNNING, finished_at=None, exit_code=None, exit_type="",
                            ports={"jupyter": [20001], "ssh": [20002], "data": [20003, 20004]}, gpus=[0, 1], gpu_type="V100")
     html = client_for(alice).get(f"/jobs/{job.pk}/").content.decode()
-    assert '<a href="http://127.0.0.1:20001/" target="_blank"' in html
-    assert "http://127.0.0.1:20002" not in html and ">20002<" in html  # ssh is not a web port
+    # A web port links through the portal's proxy, never to the node's address.
+    assert f'<a href="/jobs/{job.pk}/tasks/{attempt.pk}/ports/20001/" target="_blank"' in html
+    assert "http://127.0.0.1:2000" not in html and ">20002<" in html  # ssh is not a web port
+    assert "/ports/20002/" not in html
     assert ">20003, 20004<" in html
     assert "2 × V100" in html and "#0, #1" in html and "node-x" in html and ">c0ffeec0ffee<" in html
     assert f'href="/jobs/{job.pk}/logs/{attempt.pk}/stdout/download/?inline=1"' in html
@@ -373,3 +379,76 @@ def test_it_sorts_by_duration_with_jobs_not_started_last(alice):
     client = client_for(alice)
     assert row_names(client.get("/", {"sort": "-duration", "q": "d_"})) == ["d_long", "d_running", "d_short", "d_waiting"]
     assert row_names(client.get("/", {"sort": "duration", "q": "d_"})) == ["d_short", "d_running", "d_long", "d_waiting"]
+
+
+def test_the_profile_shows_a_refused_ssh_key_once_and_rendering_it_again_changes_nothing(alice):
+    client = client_for(alice)
+    pasted = "ssh-ed25519 not-base64!! me@host"
+    refused = client.post("/profile/ssh-keys/add/", {"title": "work", "public_key": pasted})
+    assert refused.status_code == 302 and refused["Location"] == "/profile/"
+    first = client.get("/profile/").content.decode()
+    assert pasted in first and 'value="work"' in first and 'id="ssh-key-error"' in first
+    second = client.get("/profile/").content.decode()  # the draft was the first page's, as before
+    assert pasted not in second and 'value="work"' not in second and 'id="ssh-key-error"' not in second
+    assert 'id="ssh-keys"' in second and 'id="api-tokens"' in second
+
+
+# ------------------------------------------------------------------- tags
+
+
+def test_it_shows_a_v2_job_as_yaml_with_its_secrets_masked_and_its_tags(alice):
+    from jobs.services import tags
+    from tests.test_submit import SECRET, v2_secret_config
+    from tests.conftest import unique
+
+    job = submit(alice, v2_secret_config(unique("v2page")))
+    tags.job_tag_add(job=job, value="exp-42")
+    page = client_for(alice).get(f"/jobs/{job.pk}/").content.decode()
+    assert "As submitted (v2 YAML)" in page and "protocolVersion: 2" in page
+    assert SECRET not in page and "******" in page
+    assert 'href="/?tag=exp-42"' in page and 'aria-label="Remove tag exp-42"' in page
+
+
+def test_it_lets_the_owner_add_and_remove_tags(alice):
+    job = waiting_job(alice, "tagged")
+    client = client_for(alice)
+    response = client.post(f"/jobs/{job.pk}/tags/add/", {"tag": "baseline"})
+    assert response.status_code == 302 and response["Location"].endswith(f"/jobs/{job.pk}/#tags")
+    assert list(job.tags.values_list("value", flat=True)) == ["baseline"]
+    response = client.post(f"/jobs/{job.pk}/tags/add/", {"tag": "a,b"}, follow=True)
+    assert "without commas" in response.content.decode()
+    client.post(f"/jobs/{job.pk}/tags/remove/", {"tag": "baseline"})
+    assert not job.tags.exists()
+
+
+def test_it_refuses_tag_changes_from_another_user_an_admin_and_anonymous(alice, bob, admin_user):
+    job = waiting_job(alice, "guarded")
+    job.tags.create(value="keep")
+    for client, status in ((client_for(bob), 404), (client_for(admin_user), 404)):
+        assert client.post(f"/jobs/{job.pk}/tags/add/", {"tag": "x"}).status_code == status
+        assert client.post(f"/jobs/{job.pk}/tags/remove/", {"tag": "keep"}).status_code == status
+    anonymous = Client().post(f"/jobs/{job.pk}/tags/add/", {"tag": "x"})
+    assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+    assert list(job.tags.values_list("value", flat=True)) == ["keep"]
+    # Without a CSRF token the owner is refused too.
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(alice)
+    assert strict.post(f"/jobs/{job.pk}/tags/add/", {"tag": "x"}).status_code == 403
+    # An admin sees the tags but gets no forms to change them.
+    page = client_for(admin_user).get(f"/jobs/{job.pk}/").content.decode()
+    assert ">keep</a>" in page and "tags/add/" not in page
+
+
+def test_it_filters_the_list_by_tag_and_shows_each_jobs_tags(alice):
+    tagged, other = waiting_job(alice, "with-tag"), waiting_job(alice, "without-tag")
+    tagged.tags.create(value="sweep-1")
+    other.tags.create(value="sweep-2")
+    client = client_for(alice)
+    page = client.get("/", {"tag": "sweep-1"}).content.decode()
+    assert "with-tag" in page and "without-tag" not in page
+    assert 'value="sweep-1"' in page  # the filter stays in the form, as in the URL
+    assert 'href="?tag=sweep-1"' in page
+    rows = client.get("/jobs/rows/", {"tag": "sweep-2"}).content.decode()
+    assert "without-tag" in rows and "with-tag<" not in rows
+    everything = client.get("/").content.decode()
+    assert ">sweep-1</a>" in everything and ">sweep-2</a>" in everything

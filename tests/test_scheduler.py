@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from jobs.completion import Outcome, TaskResult, judge
-from jobs.scheduler import JobRequest, NodeState, PortRequest, Quota, RoleRequest, schedule
-from jobs.spec import parse_job_config
+from jobs.scheduler import JobRequest, NodeState, Quota, RoleRequest, UserQuota, schedule
+from jobs.spec import PortSpec, parse_job_config
 
 
 def node(node_id: int, name: str, *, cpus: int = 8, memory: int = 32000, gpus: dict | None = None,
@@ -16,8 +16,9 @@ def node(node_id: int, name: str, *, cpus: int = 8, memory: int = 32000, gpus: d
                      used_ports=used_ports if used_ports is not None else set())
 
 
-def job(job_id: int, *roles: RoleRequest, vc: str = "default", gpu_type: str | None = None, overtaken: int = 0) -> JobRequest:
-    return JobRequest(id=job_id, vc=vc, gpu_type=gpu_type, roles=roles, overtaken=overtaken)
+def job(job_id: int, *roles: RoleRequest, vc: str = "default", gpu_type: str | None = None, overtaken: int = 0,
+        owner: int = 0) -> JobRequest:
+    return JobRequest(id=job_id, vc=vc, gpu_type=gpu_type, roles=roles, overtaken=overtaken, owner=owner)
 
 
 def r(tasks: int = 1, cpus: int = 1, memory: int = 1000, gpus: int = 0, ports: tuple = (), name: str = "main") -> RoleRequest:
@@ -59,19 +60,19 @@ def test_it_packs_gpu_tasks_to_keep_big_holes_free():
 
 def test_it_takes_exact_ports_or_free_ones_from_the_range():
     nodes = [node(1, "a", used_ports={20000})]
-    ports = (PortRequest("http", 0, 2), PortRequest("fixed", 8080, 1))
-    decision = schedule([job(1, r(ports=ports)), job(2, r(ports=(PortRequest("fixed", 8080, 1),)))], nodes,
+    ports = (PortSpec("http", 0, 2), PortSpec("fixed", 20005, 1))
+    decision = schedule([job(1, r(ports=ports)), job(2, r(ports=(PortSpec("fixed", 20005, 1),)))], nodes,
                         big_quota(), max_overtakes=3)
-    assert decision.placed[1][0].ports == {"http": [20001, 20002], "fixed": [8080]}
-    assert 2 not in decision.placed and "fixed ports 8080" in decision.waiting[2]
+    assert decision.placed[1][0].ports == {"http": [20001, 20002], "fixed": [20005]}
+    assert 2 not in decision.placed and "fixed ports 20005" in decision.waiting[2]
 
 
 def test_two_nodes_on_one_address_never_hand_out_one_port_twice():
     shared: set[int] = set()
     nodes = [node(1, "a", address="127.0.0.1", used_ports=shared), node(2, "b", address="127.0.0.1", used_ports=shared)]
-    decision = schedule([job(1, r(tasks=2, cpus=6, ports=(PortRequest("fixed", 8080, 1),)))], nodes, big_quota(),
+    decision = schedule([job(1, r(tasks=2, cpus=6, ports=(PortSpec("fixed", 20005, 1),)))], nodes, big_quota(),
                         max_overtakes=3)
-    assert 1 not in decision.placed  # both tasks want 127.0.0.1:8080
+    assert 1 not in decision.placed  # both tasks want 127.0.0.1:20005
 
 
 def test_it_respects_the_virtual_cluster_quota():
@@ -114,6 +115,67 @@ def test_a_job_that_can_never_fit_blocks_nobody():
     decision = schedule([job(1, r(cpus=64), overtaken=99), job(2, r(cpus=1))], [node(1, "a", cpus=8)], big_quota(),
                         max_overtakes=0)
     assert 2 in decision.placed
+
+
+# ------------------------------------------------------------- per-user limits
+
+ALICE, BOB = 1, 2
+
+
+def test_it_holds_a_job_over_its_owners_running_limit_and_says_so():
+    limits = {("default", ALICE): UserQuota(max_running_jobs=2, running_jobs=2)}
+    decision = schedule([job(1, r(), owner=ALICE), job(2, r(), owner=BOB)], [node(1, "a")], big_quota(),
+                        max_overtakes=3, user_quotas=limits)
+    assert 1 not in decision.placed and 2 in decision.placed
+    assert decision.waiting[1] == ("you have 2 running jobs in virtual cluster 'default', your limit there; "
+                                   "it starts when one of them ends")
+    assert 1 not in decision.never_fits
+
+
+def test_it_counts_the_jobs_it_places_in_the_same_pass_against_the_limit():
+    limits = {("default", ALICE): UserQuota(max_running_jobs=2, max_gpus=3)}
+    jobs = [job(i, r(gpus=1), owner=ALICE) for i in range(1, 5)]
+    decision = schedule(jobs, [node(1, "a", gpus={i: "V100" for i in range(8)})], big_quota(), max_overtakes=3,
+                        user_quotas=limits)
+    assert sorted(decision.placed) == [1, 2]
+    assert "you have 2 running jobs" in decision.waiting[3]
+    assert (limits["default", ALICE].running_jobs, limits["default", ALICE].used_gpus) == (2, 2)
+
+
+def test_it_holds_a_job_that_would_take_its_owner_over_the_gpu_limit():
+    limits = {("default", ALICE): UserQuota(max_gpus=4, used_gpus=3)}
+    nodes = [node(1, "a", gpus={i: "V100" for i in range(8)})]
+    decision = schedule([job(1, r(gpus=2), owner=ALICE), job(2, r(gpus=1), owner=ALICE)], nodes, big_quota(),
+                        max_overtakes=3, user_quotas=limits)
+    assert 1 not in decision.placed and 2 in decision.placed  # the smaller one fits under the limit
+    assert decision.waiting[1] == ("your jobs hold 3 GPUs in virtual cluster 'default' and this one needs 2; "
+                                   "your limit there is 4, so it starts when enough of them end")
+
+
+def test_a_job_needing_more_gpus_than_its_owners_limit_can_never_fit():
+    limits = {("default", ALICE): UserQuota(max_gpus=4)}
+    decision = schedule([job(1, r(tasks=2, gpus=4), owner=ALICE)], [node(1, "a", gpus={i: "V100" for i in range(8)})],
+                        big_quota(), max_overtakes=3, user_quotas=limits)
+    assert decision.waiting[1] == "can never fit: needs 8 GPUs but your limit in virtual cluster 'default' is 4"
+    assert 1 in decision.never_fits
+
+
+def test_a_job_held_by_its_owners_limit_is_never_overtaken_and_blocks_nobody():
+    # Alice's job waited long (overtaken often) and now her own limit holds
+    # it: Bob's later jobs start, and it is not counted as overtaken again.
+    limits = {("default", ALICE): UserQuota(max_running_jobs=1, running_jobs=1)}
+    jobs = [job(1, r(), owner=ALICE, overtaken=5), job(2, r(), owner=BOB), job(3, r(), owner=BOB)]
+    decision = schedule(jobs, [node(1, "a")], big_quota(), max_overtakes=3, user_quotas=limits)
+    assert sorted(decision.placed) == [2, 3]
+    assert 1 not in decision.overtaken
+
+
+def test_a_users_limit_applies_only_in_its_virtual_cluster():
+    quotas = {"default": Quota(cpus=100, memory_mb=1e9, gpus={}), "other": Quota(cpus=100, memory_mb=1e9, gpus={})}
+    limits = {("default", ALICE): UserQuota(max_running_jobs=0)}
+    decision = schedule([job(1, r(), owner=ALICE), job(2, r(), vc="other", owner=ALICE)], [node(1, "a")], quotas,
+                        max_overtakes=3, user_quotas=limits)
+    assert 1 not in decision.placed and 2 in decision.placed
 
 
 # ------------------------------------------------------------- completion

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.spec import MAX_CONFIG_BYTES, SpecError, parse_job_config, substitute
+from jobs.spec import MAX_CONFIG_BYTES, JobSpec, SpecError, parse_job_config, substitute
 
 EXAMPLES = Path(__file__).parent / "data" / "examples"
 FS = "hdfs://namenode:9000"
@@ -111,6 +111,16 @@ def test_it_keeps_unknown_fields_with_a_warning():
     parsed = parse(value)
     assert parsed.normalized["myNote"] == {"a": 1}
     assert "unknown field \"myNote\"" in parsed.warnings[0].message
+
+
+def test_it_refuses_what_only_a_v2_configs_stored_form_holds():
+    # Kept as unknown fields, these would take effect once the job is stored
+    # (JobSpec.from_config reads them): a v1 job runs the job's one image.
+    value = good()
+    value["imageAuth"] = {"registry": "r.example", "username": "u", "password": "p"}
+    value["taskRoles"][0]["roleImage"] = "debian"
+    assert [found.split(":")[0] for found in problems(value)] == ["taskRoles[0].roleImage", "imageAuth"]
+    assert "every task role runs the job's \"image\"" in problems(value)[0]
 
 
 def test_it_reports_syntax_errors_at_their_line_and_column():
@@ -280,3 +290,70 @@ def test_no_mangled_example_raises_anything_but_a_spec_error(path, data):
     end = data.draw(st.integers(min_value=start, max_value=min(len(text), start + 20)))
     insert = data.draw(st.text(alphabet='{}[]",:/*0123456789 \n-truefalsn\\', max_size=10))
     _only_spec_errors(text[:start] + insert + text[end:])
+
+
+# ------------------------------------------------- the stored config and back
+
+def _stored(spec: JobSpec) -> dict:
+    """What a job row holds: to_config(), through JSON as the database keeps it."""
+    return json.loads(json.dumps(spec.to_config(), ensure_ascii=False))
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.iterdir()), ids=lambda p: p.name)
+def test_it_reads_every_examples_stored_config_back_into_the_same_spec(path):
+    try:
+        spec = parse(path.read_text()).spec
+    except SpecError:
+        pytest.skip(f"{path.name} does not parse")
+    assert JobSpec.from_config(_stored(spec)) == spec
+
+
+def _every_field() -> dict:
+    return {
+        "jobName": "all-fields",
+        "image": "pai/tf:1.12",
+        "authFile": "$PAI_DEFAULT_FS_URI/$PAI_USER_NAME/auth.txt",
+        "dataDir": "$PAI_DEFAULT_FS_URI/data",
+        "outputDir": "$PAI_DEFAULT_FS_URI/out/$PAI_JOB_NAME",
+        "codeDir": "$PAI_DEFAULT_FS_URI/$PAI_USER_NAME/code",
+        "virtualCluster": "vc_a",
+        "gpuType": "V100",
+        "retryCount": 2,
+        "killAllOnCompletedTaskNumber": 3,
+        "jobEnvs": {"isDebug": True, "paiAzRDMA": False, "BATCH": 32, "RATE": 0.5, "MODEL": "resnet", "EMPTY": None},
+        "extras": {"uploadOutputs": True, "nested": {"list": [1, "two", None]}},
+        "tmp": {"vgInfo": {"名称": "test"}},
+        "myNote": ["kept", {"as": "is"}],
+        "taskRoles": [
+            {"name": "ps", "taskNumber": 1, "cpuNumber": 2, "memoryMB": 2048, "shmMB": 128, "gpuNumber": 0,
+             "command": "python ps.py --out $PAI_OUTPUT_DIR", "minFailedTaskCount": None,
+             "portList": [{"label": "http", "beginAt": 0, "portNumber": 2}, {"label": "grpc", "beginAt": 9000, "portNumber": 1}],
+             "storageGB": 5, "roleNote": {"why": "kept"}},
+            {"name": "worker", "taskNumber": 3, "cpuNumber": 4, "memoryMB": 8192, "gpuNumber": 1,
+             "command": "python worker.py", "minFailedTaskCount": 2, "minSucceededTaskCount": 2},
+        ],
+    }
+
+
+def test_it_reads_a_stored_config_with_every_field_back_into_the_same_spec():
+    parsed = parse(_every_field())
+    spec = parsed.spec
+    # Each kind of field is there to be lost: the round trip below is no easy pass.
+    assert spec.task_roles[0].ports[1].begin_at == 9000 and spec.task_roles[0].min_failed_task_count is None
+    assert spec.kill_all_on_completed_task_number == 3 and spec.kept.keys() == {"tmp", "myNote"}
+    assert spec.task_roles[0].extra == {"storageGB": 5, "roleNote": {"why": "kept"}}
+    assert spec.job_envs["isDebug"] is True and spec.extras["nested"] == {"list": [1, "two", None]}
+    stored = _stored(spec)
+    again = JobSpec.from_config(stored)
+    assert again == spec
+    # And on to the same stored config, key order included: the job page and
+    # its "normalized" download print to_config() of the spec read back.
+    assert json.dumps(again.to_config(), ensure_ascii=False) == json.dumps(stored, ensure_ascii=False)
+
+
+def test_it_reads_back_what_the_defaults_left_out():
+    spec = parse(good()).spec
+    again = JobSpec.from_config(_stored(spec))
+    assert again == spec
+    assert again.kill_all_on_completed_task_number is None and again.gpu_type is None and again.code_dir is None
+    assert again.task_roles[0].min_failed_task_count == 1 and again.task_roles[0].shm_mb == 64

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -233,3 +234,130 @@ def test_it_prefills_folders_into_a_clone_too(alice, commented_job):
     cfg = initial_of(response)["value"]
     assert cfg["jobName"] == f"{commented_job.name}_2"
     assert cfg["dataDir"] == f"/{alice.username}/data" and cfg["extras"] == {"seed": 7}
+
+
+# ------------------------------------------------------------- protocol v2
+
+EXAMPLES_V2 = Path(__file__).parent / "data" / "examples_v2"
+SECRET = "s3cr3t-value-for-tests"
+
+SIMPLE_V2 = """protocolVersion: 2
+name: NAME
+type: job
+description: kept as it is
+prerequisites:
+  - name: busybox
+    type: dockerimage
+    uri: %s
+taskRoles:
+  main:
+    instances: 1
+    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0, ports: {http: 1}}
+    dockerImage: busybox
+    commands:
+      - echo one
+      - echo two
+defaults:
+  virtualCluster: default
+""" % BUSYBOX_IMAGE
+
+
+def v2_secret_config(name: str) -> str:
+    return (EXAMPLES_V2 / "hello_secrets.yaml").read_text().replace("name: hello_v2", f"name: {name}")
+
+
+def test_it_reports_a_yaml_problem_at_its_line_and_column(alice):
+    text = "protocolVersion: 2\nname: x\ntype: job\ntaskRoles:\n  main:\n    instances: [1\n"
+    result = validate(client_for(alice), text)
+    assert result["protocol"] == 2 and not result["syntaxOk"]
+    assert result["problems"][0]["line"] >= 6 and result["problems"][0]["column"]
+
+
+def test_it_points_v2_field_problems_at_their_line_and_form_field(alice):
+    text = SIMPLE_V2.replace("NAME", unique("v2bad")).replace("memoryMB: 256", "memoryMB: 50")
+    result = validate(client_for(alice), text)
+    problem = next(p for p in result["problems"] if "memoryMB" in p["path"])
+    assert problem["path"] == "taskRoles.main.resourcePerInstance.memoryMB"
+    assert problem["field"] == "taskRoles[0].memoryMB"
+    line = text.split("\n")[11]
+    assert (problem["line"], problem["column"]) == (12, line.index("50") + 1)
+
+
+def test_it_shows_a_v2_config_in_the_form_and_exports_it_as_v1(alice):
+    name = unique("v2form")
+    result = validate(client_for(alice), SIMPLE_V2.replace("NAME", name))
+    assert result["problems"] == [] and result["formNote"] == ""
+    assert result["value"] == {
+        "jobName": name, "image": BUSYBOX_IMAGE, "virtualCluster": "default", "description": "kept as it is",
+        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 256, "gpuNumber": 0,
+                       "portList": [{"label": "http", "beginAt": 0, "portNumber": 1}],
+                       "command": "echo one && echo two"}],
+    }
+    assert json.loads(result["otherText"])["jobName"] == name
+
+
+def test_it_writes_form_edits_of_a_v2_draft_back_as_yaml(alice):
+    client = client_for(alice)
+    value = validate(client, SIMPLE_V2.replace("NAME", unique("v2edit")))["value"]
+    value["taskRoles"][0]["memoryMB"] = 512
+    response = client.post(VALIDATE, {"config": "", "form": json.dumps(value)})
+    result = response.json()
+    assert result["problems"] == [] and result["protocol"] == 2
+    assert "memoryMB: 512" in result["text"] and "description: kept as it is" in result["text"]
+    assert validate(client, result["text"])["value"] == value
+
+
+def test_it_says_what_the_form_cannot_show_of_a_v2_config_and_never_echoes_secrets(alice):
+    result = validate(client_for(alice), v2_secret_config(unique("v2sec")))
+    assert result["problems"] == []
+    assert result["value"] is None and result["otherText"] is None
+    assert result["formNote"].startswith("this v2 config uses parameters, secrets and")
+    assert result["formNote"].endswith("which the form cannot show; edit it as YAML (the JSON / YAML button)")
+    assert SECRET not in json.dumps(result)
+
+
+def test_it_keeps_a_v2_config_with_an_image_per_task_role_as_yaml_and_says_why(alice):
+    text = SIMPLE_V2.replace("NAME", unique("v2imgs")).replace("defaults:", """  other:
+    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}
+    dockerImage: debian
+    commands: [python3 -c 'print(42)']
+defaults:""").replace("taskRoles:", """  - name: debian
+    type: dockerimage
+    uri: pai-local/debian:bookworm
+taskRoles:""")
+    result = validate(client_for(alice), text)
+    assert result["problems"] == [] and result["protocol"] == 2
+    assert result["value"] is None
+    assert result["formNote"] == ("this v2 config uses several Docker images, which the form cannot show; "
+                                  "edit it as YAML (the JSON / YAML button)")
+
+
+def test_it_queues_a_v2_config_pasted_into_the_page(alice):
+    name = unique("v2page")
+    response = client_for(alice).post(SUBMIT, {"config": v2_secret_config(name), "mode": "json"})
+    assert response.status_code == 302
+    job = Job.objects.get(owner=alice, name=name)
+    assert job.config_raw.startswith("# One task") and SECRET not in job.config_raw
+    assert "'******'" in job.config_raw
+
+
+def test_it_keeps_secrets_out_of_a_rejected_v2_submit_beyond_the_text_typed(alice):
+    text = v2_secret_config(unique("v2rej")).replace("memoryMB: 256", "memoryMB: 50")
+    response = client_for(alice).post(SUBMIT, {"config": text, "mode": "json"})
+    assert response.status_code == 200
+    page = response.content.decode()
+    # The textarea and the script's copy of the same text: what the user posted, nothing more.
+    assert page.count(SECRET) == 2
+    initial = initial_of(response)
+    assert SECRET not in json.dumps({k: v for k, v in initial.items() if k != "text"})
+
+
+def test_it_clones_a_v2_job_with_its_secrets_masked(alice):
+    job = submit(alice, v2_secret_config(unique("v2clone")))
+    response = client_for(alice).get(SUBMIT, {"clone": job.pk})
+    page = response.content.decode()
+    assert SECRET not in page
+    text = initial_of(response)["text"]
+    assert text.startswith("# One task") and f"name: \"{job.name}_2\"" in text
+    masked = [p for p in initial_of(response)["problems"] if p["path"] == "secrets.api_key"]
+    assert masked and "type its value" in masked[0]["message"]

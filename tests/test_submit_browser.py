@@ -226,7 +226,7 @@ def test_it_imports_and_exports_a_file(page, alice, cluster, tmp_path: Path):
 
     # Untouched, the export is the file as imported, comments and all.
     with page.expect_download() as download:
-        page.get_by_role("button", name="Export").click()
+        page.get_by_role("button", name="Export", exact=True).click()
     assert download.value.suggested_filename == "tensorflow-distributed-example.json"
     assert Path(download.value.path()).read_text() == source
 
@@ -234,7 +234,7 @@ def test_it_imports_and_exports_a_file(page, alice, cluster, tmp_path: Path):
     field(page, "jobName").fill("renamed")
     field(page, "taskRoles[0].taskNumber").fill("3")
     with page.expect_download() as download:
-        page.get_by_role("button", name="Export").click()
+        page.get_by_role("button", name="Export", exact=True).click()
     assert download.value.suggested_filename == "renamed.json"
     expected = jsonc.loads(source).value
     expected["jobName"] = "renamed"
@@ -305,3 +305,62 @@ def test_it_submits_without_javascript(browser, alice, cluster):
         wait_state(Job.objects.get(owner=alice, name="nojs"), State.SUCCEEDED)
     finally:
         context.close()
+
+
+# ------------------------------------------------------------- protocol v2
+
+
+def test_it_runs_a_v2_yaml_config_pasted_into_the_box_and_never_shows_its_secret(page, alice, cluster):
+    from tests.conftest import unique
+    from tests.test_submit import SECRET, v2_secret_config
+
+    name = unique("v2yaml").replace(".", "_")
+    open_submit(page, alice)
+    page.get_by_role("button", name="{ } JSON").click()
+    page.locator("#json-box").fill(v2_secret_config(name))
+    expect(page.get_by_role("button", name="Submit this YAML")).to_be_visible()  # the box knows what it holds
+    page.get_by_role("button", name="Submit this YAML").click()
+    expect(page).to_have_url(LIST_URL)
+    expect(job_row(page, name)).to_be_visible()
+
+    job = Job.objects.get(owner=alice, name=name)
+    wait_state(job, State.SUCCEEDED)
+    assert lines(job) == ["hello from v2", "the secret arrived"]
+    page.goto(f"/jobs/{job.pk}/")
+    expect(page.locator("#cfg-submitted pre")).to_contain_text("protocolVersion: 2")
+    assert SECRET not in page.content()
+    shot(page, "submit-v2-job-page")
+
+    # Its clone shows the masked text and asks for the secret again.
+    page.goto(f"/submit/?clone={job.pk}")
+    expect(page.locator("#broken-banner")).to_contain_text("uses parameters, secrets")
+    assert SECRET not in page.content()
+
+
+def test_it_edits_a_v2_config_in_the_form_and_keeps_it_yaml(page, alice, cluster):
+    from tests.conftest import unique
+    from tests.test_submit import SIMPLE_V2
+
+    name = unique("v2form").replace(".", "_")
+    open_submit(page, alice)
+    page.get_by_role("button", name="{ } JSON").click()
+    page.locator("#json-box").fill(SIMPLE_V2.replace("NAME", name))
+    page.get_by_role("button", name="Load into form").click()
+    expect(field(page, "jobName")).to_have_value(name)
+    expect(page.locator("#v2-note")).to_be_visible()
+    expect(field(page, "codeDir")).to_be_hidden()  # v2 has no place for it
+    expect(field(page, "taskRoles[0].command")).to_have_value("echo one && echo two")
+    field(page, "taskRoles[0].memoryMB").fill("50")
+    expect(field_error(page, "taskRoles[0].memoryMB")).to_contain_text("at least")
+    field(page, "taskRoles[0].memoryMB").fill("300")
+    expect(page.locator("#form-status")).to_have_text("Ready to submit.")
+    expect(page.locator("#export-other-button")).to_be_enabled()
+    shot(page, "submit-v2-in-the-form")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page).to_have_url(LIST_URL)
+
+    job = Job.objects.get(owner=alice, name=name)
+    assert "protocolVersion: 2" in job.config_raw and "memoryMB: 300" in job.config_raw
+    assert "description: kept as it is" in job.config_raw
+    wait_state(job, State.SUCCEEDED)
+    assert lines(job) == ["one", "two"]

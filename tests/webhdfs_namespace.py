@@ -17,6 +17,7 @@ _EXCEPTIONS = {  # exception -> (HTTP status, Java class)
     "UnsupportedOperationException": (400, "java.lang.UnsupportedOperationException"),
     "SecurityException": (401, "java.lang.SecurityException"),
     "AccessControlException": (403, "org.apache.hadoop.security.AccessControlException"),
+    "AuthorizationException": (403, "org.apache.hadoop.security.authorize.AuthorizationException"),
     "FileAlreadyExistsException": (403, "org.apache.hadoop.fs.FileAlreadyExistsException"),
     "PathIsNotEmptyDirectoryException": (403, "org.apache.hadoop.fs.PathIsNotEmptyDirectoryException"),
     "ParentNotDirectoryException": (403, "org.apache.hadoop.fs.ParentNotDirectoryException"),

@@ -7,7 +7,8 @@ following Apache's WebHDFS REST documentation
 
 - URLs are http://<host>:<port>/webhdfs/v1/<PATH>?op=...; `user.name` names
   the caller when security is off; without it the caller is the static web
-  user "dr.who".
+  user "dr.who". `doas=<user>` makes the request that user's, when the
+  caller is one of the server's `proxy_users` (else AuthorizationException).
 - CREATE (PUT), APPEND (POST) and OPEN (GET) on the namenode answer
   "307 Temporary Redirect" with a Location on the datanode; the data goes to
   (or comes from) the datanode, which answers 201 Created (with a webhdfs://
@@ -62,7 +63,8 @@ class Request:
 class WebHdfsServer:
     """Start with `start()`, stop with `stop()`; `url` is the namenode's."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, proxy_users: frozenset[str] = frozenset()) -> None:
+        self.proxy_users = proxy_users
         self._folder = tempfile.mkdtemp(prefix="webhdfs-test-")
         self.fs = Namespace(Path(self._folder))
         self.requests: list[Request] = []
@@ -131,8 +133,12 @@ class _WebHdfsHandler(BaseHTTPRequestHandler):
         path = "/" + "/".join(p for p in unquote(url.path[len(PREFIX):]).split("/") if p)
         user = query.get("user.name") or STATIC_WEB_USER
         op = query.get("op", "").upper()
-        self.server_state.requests.append(Request(method, op, path, user, self.role))
         try:
+            if query.get("doas"):
+                if user not in self.server_state.proxy_users:
+                    raise RemoteException("AuthorizationException", f"User: {user} is not allowed to impersonate {query['doas']}")
+                user = query["doas"]
+            self.server_state.requests.append(Request(method, op, path, user, self.role))
             if ".." in path.split("/"):
                 raise RemoteException("IllegalArgumentException", f"Invalid path name {path}")
             ops = _NAMENODE_OPS if self.role == "namenode" else _DATANODE_OPS
@@ -181,8 +187,8 @@ class _WebHdfsHandler(BaseHTTPRequestHandler):
 
     def _redirect(self, path: str, user: str, query: dict[str, str]) -> None:
         """307 to the datanode, as the namenode does for CREATE/APPEND/OPEN."""
-        params = {k: v for k, v in query.items() if k != "user.name"}
-        params.update({"namenoderpcaddress": "127.0.0.1:9000", "user.name": user})
+        params = {k: v for k, v in query.items() if k != "user.name"}  # doas stays
+        params.update({"namenoderpcaddress": "127.0.0.1:9000", "user.name": query.get("user.name") or user})
         location = f"http://{self.server_state.datanode_address}{PREFIX}{quote(path)}?{urlencode(params)}"
         self._send(307, b"", "application/octet-stream", {"Location": location})
 
@@ -211,6 +217,16 @@ class _WebHdfsHandler(BaseHTTPRequestHandler):
             names = sorted(child.name for child in self.fs.local(path).iterdir())
             statuses = [self.fs.status(join_path(path, name), name) for name in names]
         self._json(200, {"FileStatuses": {"FileStatus": statuses}})
+
+    def nn_getcontentsummary(self, path: str, user: str, query: dict[str, str], body: bytes) -> None:
+        self.fs.check(user, path, "")
+        self._require(path)
+        root = self.fs.local(path)
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+        folders = 0 if root.is_file() else 1 + sum(1 for p in root.rglob("*") if p.is_dir())
+        length = sum(p.stat().st_size for p in files)
+        self._json(200, {"ContentSummary": {"directoryCount": folders, "fileCount": len(files), "length": length,
+                                            "quota": -1, "spaceConsumed": length, "spaceQuota": -1}})
 
     def nn_gethomedirectory(self, path: str, user: str, query: dict[str, str], body: bytes) -> None:
         self._json(200, {"Path": f"/user/{user}"})
@@ -330,6 +346,7 @@ class _WebHdfsHandler(BaseHTTPRequestHandler):
 _NAMENODE_OPS = {
     ("GET", "GETFILESTATUS"): "nn_getfilestatus", ("GET", "LISTSTATUS"): "nn_liststatus",
     ("GET", "GETHOMEDIRECTORY"): "nn_gethomedirectory", ("GET", "OPEN"): "nn_open",
+    ("GET", "GETCONTENTSUMMARY"): "nn_getcontentsummary",
     ("PUT", "CREATE"): "nn_create", ("POST", "APPEND"): "nn_append", ("PUT", "MKDIRS"): "nn_mkdirs",
     ("PUT", "RENAME"): "nn_rename", ("PUT", "SETPERMISSION"): "nn_setpermission", ("PUT", "SETOWNER"): "nn_setowner",
     ("DELETE", "DELETE"): "nn_delete",

@@ -49,6 +49,11 @@ def _bearer(request: HttpRequest) -> str | None:
     return value.strip()
 
 
+def bearer_key(request: HttpRequest) -> str | None:
+    """The bearer token this request was authenticated with, if any."""
+    return _bearer(request)
+
+
 def authenticate(request: HttpRequest, access: Access) -> None:
     """Set request.user from the bearer token or the session, or raise
     UnauthorizedUserError / ForbiddenUserError for what `access` needs."""

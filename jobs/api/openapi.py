@@ -51,7 +51,8 @@ ERROR_TEXT = {
     409: "Conflict: ConflictJobError (a job of that name exists, or it is not in a state for this), "
          "ConflictUserError.",
     413: "The request body is over the portal's size limit (RequestTooLargeError).",
-    429: "Too many failed logins (TooManyRequestsError); see Retry-After.",
+    429: "Too many requests (TooManyRequestsError): failed logins, or job submissions past the per-token "
+         "limit; see Retry-After.",
 }
 
 
@@ -229,6 +230,8 @@ def _schemas() -> dict[str, Schema]:
         "VirtualCluster": virtual_cluster,
         "UserChange": obj({
             "username": {"type": "string", "maxLength": 64}, "password": {"type": "string", "maxLength": 4096},
+            "oldPassword": {"type": "string", "maxLength": 4096,
+                            "description": "the current password; required to change one's own"},
             "admin": BOOLEAN, "modify": {"type": "boolean", "description": "false: create; true: change"},
         }, ["username"]),
         "UserName": obj({"username": {"type": "string", "maxLength": 64}}, ["username"]),
@@ -237,6 +240,16 @@ def _schemas() -> dict[str, Schema]:
                       {"type": "array", "items": STRING}]}}, ["virtualClusters"]),
         "User": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN, "virtualCluster": STRING},
                     ["username", "admin", "virtualCluster"]),
+        "Webhook": obj({"url": nullable({"type": "string", "description": "null when none is set"})}, ["url"]),
+        "WebhookChange": obj({
+            "url": {"type": "string", "maxLength": 2000, "description": "http:// or https://; its host must resolve "
+                    "inside WEBHOOK_ALLOWED_NETWORKS (public addresses by default) when a delivery is made"},
+            "secret": {"type": "string", "minLength": 16, "maxLength": 256,
+                       "description": "deliveries carry X-Portal-Signature: sha256=<HMAC-SHA256 of the body>"},
+        }, ["url", "secret"]),
+        "UserDetail": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN, "virtualCluster": STRING,
+                           "virtualClusters": {"type": "array", "items": STRING}},
+                          ["username", "admin", "virtualClusters"]),
     }
 
 
@@ -244,7 +257,7 @@ def _paths() -> dict[str, Schema]:
     message = ref("Message")
     accepted = answer(202, "Accepted: the job waits for the scheduler.", message,
                       {"Location": {"description": "the job's status URL", "schema": STRING}})
-    submit_errors = errors(400, 401, 403, 404, 409, 413)
+    submit_errors = errors(400, 401, 403, 404, 409, 413, 429)
     return {
         "/": {"get": operation("Get API info", answer(200, "What this server is.", ref("Info")), public=True,
                                tag="api")},
@@ -267,7 +280,9 @@ def _paths() -> dict[str, Schema]:
                          PAGE_HEADERS), **errors(400, 401, 403)}, parameters=PAGING, tag="jobs"),
             "post": operation("Submit a job", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
                               tag="jobs", description="The job is named by jobName in the config. Every problem "
-                              "with the config is listed in the message (and in `problems`)."),
+                              "with the config is listed in the message (and in `problems`). Refused with 403 "
+                              "NoEnoughQuotaError when you have as many waiting jobs in the virtual cluster as an "
+                              "admin allows you there."),
         },
         "/user/{username}/jobs/{name}": {
             "parameters": JOB_PARAMS,
@@ -321,11 +336,33 @@ def _paths() -> dict[str, Schema]:
                                                         **errors(400, 401, 403, 409, 413)},
                              request_body=body(ref("UserChange")), tag="users",
                              description="Admins create (modify: false) and change (modify: true) users; a user may "
-                                         "change their own password."),
+                                         "change their own password, giving the current one as oldPassword. "
+                                         "A changed password revokes the user's other tokens and ends their "
+                                         "browser sessions."),
             "delete": operation("Remove a user", {**answer(200, "Removed, with their finished jobs.", message),
                                                  **errors(400, 401, 403, 409, 413)},
                                 request_body=body(ref("UserName"), required=False), tag="users",
                                 parameters=[query_param("username", "instead of the body", STRING)]),
+        },
+        "/user/{username}": {"parameters": [USERNAME], "get": operation(
+            "Get a user", {**answer(200, "The user and the virtual clusters they may submit to (yourself, or "
+                                         "anyone for an admin).", ref("UserDetail")), **errors(400, 401, 403)},
+            tag="users")},
+        "/user/{username}/webhook": {
+            "parameters": [USERNAME],
+            "get": operation("Get a user's webhook", {**answer(200, "Where the user's job state changes are posted "
+                                                                   "(the secret is never shown).", ref("Webhook")),
+                                                        **errors(400, 401, 403)}, tag="users"),
+            "put": operation("Set a user's webhook", {**answer(200, "Set.", ref("Webhook")),
+                                                      **errors(400, 401, 403, 413)},
+                             request_body=body(ref("WebhookChange")), tag="users",
+                             description="The user or an admin. On every change of one of the user's jobs to "
+                                         "RUNNING, SUCCEEDED, FAILED or STOPPED the portal POSTs "
+                                         '`{"event": "jobStateChanged", "job": "<user>~<name>", "jobName", "user", '
+                                         '"state", "previousState", "exitReason", "time", "url"}`, signed with the '
+                                         "secret (X-Portal-Signature), and tries again a few times on failure."),
+            "delete": operation("Remove a user's webhook", {**answer(200, "Removed (or there was none).", message),
+                                                            **errors(400, 401, 403)}, tag="users"),
         },
         "/user/{username}/virtualClusters": {"parameters": [USERNAME], "put": operation(
             "Set a user's virtual clusters", {**answer(201, "Done.", message), **errors(400, 401, 403, 404, 413)},

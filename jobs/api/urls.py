@@ -9,7 +9,7 @@ anything else under the prefix is a JSON 404 NoApiError.
 from django.urls import re_path
 
 from jobs.api.http import no_api_view
-from jobs.api.views import clusters, jobs, root, tasks, tokens, users
+from jobs.api.views import clusters, jobs, root, tasks, tokens, users, webhooks
 
 JOB = r"user/(?P<username>[^/]+)/jobs/(?P<name>[^/]+)"
 
@@ -34,6 +34,8 @@ urlpatterns = [
     route("virtual-clusters", clusters.virtual_clusters, "virtual_clusters"),
     route(r"virtual-clusters/(?P<vc>[^/]+)", clusters.virtual_cluster, "virtual_cluster"),
     route("user", users.user, "user"),
+    route(r"user/(?P<username>[^/]+)", users.user_detail, "user_detail"),
     route(r"user/(?P<username>[^/]+)/virtualClusters", users.user_virtual_clusters, "user_virtual_clusters"),
+    route(r"user/(?P<username>[^/]+)/webhook", webhooks.webhook, "user_webhook"),
     re_path(r"^.*$", no_api_view, name="no_api"),
 ]

@@ -1,16 +1,19 @@
 """The only writers of job state: views, the REST API and RQ tasks call these.
 
-    submission  job_submit, suggest_job_name, parse_for_user, spec_of, virtual_cluster_for
+    submission  job_submit, suggest_job_name, parse_for_user, virtual_cluster_for
     lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
     scheduling  schedule_pass
     nodes       node_register, node_heartbeat, node_leave, nodes_mark_lost
     cluster     vc_usage, node_usage, queue_position, never_fits_reason, config_fit (read-only)
     listing     the job list's filters, sorting and pages (read-only)
-    access      port links, Jupyter and SSH access, idle notices; users' SSH keys
+    access      port links, Jupyter and SSH access, idle notices; users' SSH keys; the job's private key
+    storage_links  the job page's folder links, the storage page's folder URLs (read-only)
+    terminals   browser terminal sessions: terminal_session_open, terminal_session_close
     tokens      API tokens: create, authenticate, revoke
     permissions_memo  per-process memo of token and virtual-cluster answers
+    limits      per-user limits in a virtual cluster: which apply, the waiting-limit check (read-only)
     users       admin user management for the REST API
-    ratelimit   failed-login limits (API and login form)
+    ratelimit   failed-login limits (API and login form); action limits (live checks, API submissions)
 """
 
 from jobs.services.lifecycle import (
@@ -20,7 +23,9 @@ from jobs.services.lifecycle import (
     attempt_keep_for_debug,
     attempt_mark_running,
     attempt_record_exit,
+    attempt_set_ssh_available,
     attempt_unclaim,
+    attempts_note_activity,
     job_delete,
     job_stop,
 )
@@ -36,15 +41,25 @@ from jobs.services.submission import (
     SubmitError,
     job_submit,
     parse_for_user,
-    spec_of,
     suggest_job_name,
     virtual_cluster_for,
+)
+from jobs.services.terminals import (
+    TerminalForbidden,
+    TerminalNotRunning,
+    TerminalRefused,
+    TerminalTarget,
+    terminal_session_close,
+    terminal_session_open,
 )
 
 __all__ = [
     "ContainerExit", "JobStateError", "NodeInfo", "SubmitError",
     "attempt_claim_launch", "attempt_keep_for_debug", "attempt_mark_running", "attempt_record_exit",
+    "attempt_set_ssh_available", "attempts_note_activity",
     "attempt_unclaim", "job_delete", "job_stop", "never_fits_reason", "node_usage",
     "queue_position", "vc_usage", "job_submit", "node_heartbeat", "node_leave", "node_register", "nodes_mark_lost",
-    "parse_for_user", "schedule_pass", "spec_of", "suggest_job_name", "virtual_cluster_for",
+    "parse_for_user", "schedule_pass", "suggest_job_name", "virtual_cluster_for",
+    "TerminalForbidden", "TerminalNotRunning", "TerminalRefused", "TerminalTarget",
+    "terminal_session_close", "terminal_session_open",
 ]

@@ -8,9 +8,10 @@ import re
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlencode
 
 from django.conf import settings
+from django.urls import reverse
 from django.utils import timezone
 
 from jobs import keys
@@ -29,19 +30,27 @@ class PortLink:
     label: str
     ports: list[int]
     address: str  # IP:PORT of the first port
-    url: str  # http://IP:PORT/ for web labels, else ""
+    url: str  # the portal's way into a web label's first port (the proxy), else ""
+
+
+def web_port_url(attempt: TaskAttempt, port: int, next_path: str = "") -> str:
+    """The portal's link into a task's web port: it signs the user in to the
+    port's own host name (jobs/services/webports.py) and lands on `next_path`."""
+    url = reverse("jobs:web_port", args=[attempt.job_id, attempt.pk, port])
+    return url + (f"?{urlencode({'next': next_path})}" if next_path else "")
 
 
 def port_links(attempt: TaskAttempt) -> list[PortLink]:
-    """Each labelled port of a task as IP:PORT, with a link for web labels
-    (settings.WEB_PORT_LABELS)."""
+    """Each labelled port of a task as IP:PORT; web labels
+    (settings.WEB_PORT_LABELS) link through the portal's proxy, as they are
+    published on the node's loopback only."""
     web = set(settings.WEB_PORT_LABELS)
     links = []
     for label, ports in sorted(attempt.ports.items()):
         if not ports:
             continue
         address = f"{attempt.host_ip}:{ports[0]}"
-        links.append(PortLink(label, list(ports), address, f"http://{address}/" if label in web else ""))
+        links.append(PortLink(label, list(ports), address, web_port_url(attempt, ports[0]) if label in web else ""))
     return links
 
 
@@ -65,13 +74,9 @@ def token_in_command(command: str) -> str | None:
 
 
 def role_command(job: Job, role_name: str) -> str:
-    """A task role's command as the user wrote it. Read from the stored
-    config, which keeps commands verbatim: parsing it again (spec_of) would
-    cost more than the job page's refresh should."""
-    for role in job.config["taskRoles"]:
-        if role["name"] == role_name:
-            return role["command"]
-    raise KeyError(role_name)
+    """A task role's command as the user wrote it (the spec keeps commands
+    verbatim: no variable is substituted in them)."""
+    return job.spec.role(role_name).command
 
 
 def jupyter_token(job: Job, attempt: TaskAttempt) -> str:
@@ -90,12 +95,13 @@ def jupyter_token(job: Job, attempt: TaskAttempt) -> str:
 
 
 def jupyter_url(job: Job, attempt: TaskAttempt) -> str:
-    """One click into the task's Jupyter: its port, and its token if known."""
+    """One click into the task's Jupyter through the portal's proxy, with
+    its token if known."""
     ports = attempt.ports.get(JUPYTER_LABEL) or []
     if not ports or attempt.state != TaskState.RUNNING:
         return ""
     token = jupyter_token(job, attempt)
-    return f"http://{attempt.host_ip}:{ports[0]}/" + (f"?token={quote(token, safe='')}" if token else "")
+    return web_port_url(attempt, ports[0], f"/?token={quote(token, safe='')}" if token else "")
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,15 @@ def ssh_key_file_name(job: Job) -> str:
     return f"{job.name}.key"
 
 
+def job_private_key(*, job: Job, user: User) -> str | None:
+    """The job's SSH private key for its owner; None for anyone else, admins
+    included (they may see and stop any job, not log in as its owner). The
+    web page and the REST API both serve the key through this one rule."""
+    if job.owner_id != user.pk or not job.ssh_private_key:
+        return None
+    return keys.open_private_key(job.ssh_private_key)
+
+
 def terminal_ready(attempt: TaskAttempt) -> bool:
     """May a terminal be opened into this task (by someone allowed to)?"""
     return attempt.state == TaskState.RUNNING and bool(attempt.container_id)
@@ -134,7 +149,7 @@ def terminal_ready(attempt: TaskAttempt) -> bool:
 
 def last_activity(attempt: TaskAttempt) -> datetime | None:
     """When the task last showed a sign of use: log output (jobs/logs.py),
-    or a terminal session opened or closed in it (jobs/terminal.py); both
+    or a terminal session opened or closed in it (services/terminals.py); both
     move last_activity_at forward. A terminal still open is use right now."""
     moments = [attempt.last_activity_at, attempt.started_at]
     if attempt.terminal_sessions.filter(ended_at__isnull=True).exists():
@@ -177,8 +192,14 @@ def task_access(*, job: Job, attempt: TaskAttempt, user: User) -> TaskAccess:
     return TaskAccess(
         is_owner=is_owner, ssh=ssh_access(attempt, key_file=key_file), key_file=key_file,
         can_open_terminal=terminal_ready(attempt) and (is_owner or user.is_admin),
-        jupyter_url=url, jupyter_has_token="?token=" in url, idle_minutes=idle_minutes(attempt),
+        jupyter_url=url, jupyter_has_token="?token=" in unquote(url), idle_minutes=idle_minutes(attempt),
     )
+
+
+def tasks_access(*, job: Job, attempts: list[TaskAttempt], user: User) -> dict[int, TaskAccess]:
+    """task_access of each active attempt, by attempt id: what the job page's
+    task tables offer (an attempt that has ended offers nothing)."""
+    return {a.pk: task_access(job=job, attempt=a, user=user) for a in attempts if a.is_active}
 
 
 # ------------------------------------------------------- users' public keys

@@ -11,7 +11,8 @@ from django.db.models import Count
 
 from jobs import scheduler
 from jobs.models import ACTIVE_TASK_STATES, GpuAllocation, Job, Node, State, TaskAttempt, VirtualCluster
-from jobs.services.scheduling import job_request, node_states, quotas, ready_nodes
+from jobs.services.scheduling import job_request, node_states, quotas, ready_nodes, spec_request
+from jobs.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -129,20 +130,17 @@ class ConfigFit:
     wait: str | None
 
 
-def config_fit(config: dict, vc_name: str, *, states: list[scheduler.NodeState] | None = None) -> ConfigFit:
+def config_fit(spec: JobSpec, vc_name: str, *, states: list[scheduler.NodeState] | None = None) -> ConfigFit:
     """Submit Job's panel: both answers from one snapshot of the cluster as it
     is now (jobs queued before it aside), `states` when the caller has it.
     Nothing is reserved."""
-    vc = VirtualCluster.objects.filter(name=vc_name).first()
     if states is None:
         states = ready_node_states()
-    quota = quotas(states).get(vc_name)
-    if vc is None or quota is None:
+    quota = quotas(states).get(vc_name)  # None only when no such virtual cluster exists
+    if quota is None:
         missing = f"virtual cluster '{vc_name}' does not exist"
         return ConfigFit(never=missing, wait=missing)
-    draft = Job(config=config, virtual_cluster=vc, gpu_type=config.get("gpuType") or "")
-    draft.pk = 0
-    request = job_request(draft)
+    request = spec_request(spec, job_id=0, vc=vc_name)
     never = scheduler.never_fits(request, states, quota)
     if never or scheduler.place_job(request, states, quota) is not None:
         return ConfigFit(never=never, wait=None)

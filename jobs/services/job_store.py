@@ -15,19 +15,25 @@ one. Like PostgreSQL's commit_delay, a leader that knows of other
 submissions still being checked in this process waits for them, at most
 COMMIT_DELAY, so that they join its transaction. Nobody returns before
 their job is committed, so a 202 still means the job is stored.
+
+A job whose owner has a waiting-job limit in its virtual cluster is counted
+against it inside the write transaction (see `_within_waiting_limits`), so
+two submissions at once cannot both take the last place.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Count
 
 from jobs import queues
-from jobs.models import Job, JobAttempt, Task
+from jobs.models import Job, JobAttempt, State, Task, User, VirtualCluster
 
 
 # Seconds a leader waits for the submissions this process is still checking.
@@ -38,10 +44,25 @@ class NameTaken(Exception):
     """The owner already has a job of that name."""
 
 
+class VirtualClusterGone(Exception):
+    """The job's virtual cluster was removed while the job was being stored."""
+
+
+class WaitingLimitReached(Exception):
+    """The owner already has `waiting` waiting jobs in the job's virtual
+    cluster, and may have at most `limit`."""
+
+    def __init__(self, waiting: int, limit: int) -> None:
+        super().__init__(f"{waiting} waiting jobs; the limit is {limit}")
+        self.waiting = waiting
+        self.limit = limit
+
+
 @dataclass(eq=False)
 class _Pending:
     job: Job  # not saved yet
     roles: list[tuple[str, int]]  # (task role, task number)
+    max_waiting: int | None = None  # the owner's waiting-job limit in the job's virtual cluster
     done: bool = False
     leads: bool = False
     error: BaseException | None = None
@@ -71,10 +92,11 @@ def submitting() -> Iterator[None]:
             _queue.ready.notify_all()
 
 
-def store(job: Job, *, roles: list[tuple[str, int]]) -> Job:
+def store(job: Job, *, roles: list[tuple[str, int]], max_waiting: int | None = None) -> Job:
     """Save `job`, its first attempt and its tasks, and ask for a scheduling
-    pass after the commit. Raises NameTaken."""
-    pending = _Pending(job, roles)
+    pass after the commit. Raises NameTaken, or WaitingLimitReached when its
+    owner has `max_waiting` waiting jobs in its virtual cluster already."""
+    pending = _Pending(job, roles, max_waiting)
     if connection.in_atomic_block:
         _write([pending])  # the caller's transaction decides when this commits
     else:
@@ -118,18 +140,34 @@ def _write(batch: list[_Pending]) -> None:
         with transaction.atomic():
             _insert(batch)
         return
-    except IntegrityError:
+    except Exception as exc:  # noqa: BLE001 -- decided per job below, never for the whole batch
         if len(batch) == 1:
-            batch[0].error = NameTaken()
+            batch[0].error = _refusal(batch[0], exc)
             return
-    # Some name in the batch is taken (or given twice): store them one by
-    # one so that only those fail.
+    # Some job in the batch cannot be stored (a taken name, a name given
+    # twice, a virtual cluster removed meanwhile, data the database refuses):
+    # store them one by one so that only those fail.
     for pending in batch:
         pending.job.pk = None  # in case the rolled-back INSERT had set it
+        pending.error = None  # counted again, alone, against its limit
         _write([pending])
 
 
+def _refusal(pending: _Pending, exc: Exception) -> Exception:
+    """What to tell the owner of a job that could not be stored alone."""
+    if isinstance(exc, IntegrityError):
+        job = pending.job
+        if Job.objects.filter(owner_id=job.owner_id, name=job.name).exists():
+            return NameTaken()
+        if not VirtualCluster.objects.filter(pk=job.virtual_cluster_id).exists():
+            return VirtualClusterGone()
+    return exc
+
+
 def _insert(batch: list[_Pending]) -> None:
+    batch = _within_waiting_limits(batch)
+    if not batch:
+        return
     jobs = Job.objects.bulk_create([pending.job for pending in batch])
     JobAttempt.objects.bulk_create(JobAttempt(job=job, number=1) for job in jobs)
     Task.objects.bulk_create(
@@ -137,3 +175,29 @@ def _insert(batch: list[_Pending]) -> None:
         for pending in batch for role, count in pending.roles for index in range(count)
     )
     transaction.on_commit(queues.request_schedule)
+
+
+def _within_waiting_limits(batch: list[_Pending]) -> list[_Pending]:
+    """The batch less the jobs that would take their owner past a waiting
+    limit (those get WaitingLimitReached), in submission order.
+
+    Counted inside the write transaction: on SQLite it holds the database's
+    write lock from BEGIN; on PostgreSQL the owners' rows are locked first.
+    Either way a concurrent batch of the same owner counts after this one
+    commits, so the limit holds exactly."""
+    owners = {pending.job.owner_id for pending in batch if pending.max_waiting is not None}
+    if not owners:
+        return batch
+    list(User.objects.select_for_update().filter(pk__in=owners).values_list("pk", flat=True))
+    rows = (Job.objects.filter(state=State.WAITING, owner_id__in=owners)
+            .values_list("owner_id", "virtual_cluster_id").annotate(n=Count("id")))
+    waiting = Counter({(owner, vc): count for owner, vc, count in rows})
+    accepted = []
+    for pending in batch:
+        key = (pending.job.owner_id, pending.job.virtual_cluster_id)
+        if pending.max_waiting is not None and waiting[key] >= pending.max_waiting:
+            pending.error = WaitingLimitReached(waiting[key], pending.max_waiting)
+            continue
+        waiting[key] += 1
+        accepted.append(pending)
+    return accepted

@@ -8,10 +8,12 @@ other processes (stop requests, scheduling passes) is enqueued after commit.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs import queues
@@ -29,7 +31,7 @@ from jobs.models import (
     TaskState,
     User,
 )
-from jobs.services.submission import spec_of
+from jobs.services import notifications
 
 
 class JobStateError(Exception):
@@ -99,10 +101,13 @@ def _maybe_finish_stopping(job_id: int, now: datetime) -> None:
 
 
 def _finish_job(job: Job, state: str, exit_type: str, reason: str, exit_code: int | None, now: datetime) -> None:
-    Job.objects.filter(pk=job.pk).exclude(state__in=FINAL_STATES).update(
+    """`job` as read under its row lock: its state is the one it leaves."""
+    finished = Job.objects.filter(pk=job.pk).exclude(state__in=FINAL_STATES).update(
         state=state, exit_type=exit_type, exit_reason=reason, exit_code=exit_code, finished_at=now,
         waiting_reason="",
     )
+    if finished:
+        notifications.job_state_changed(job=job, previous=job.state, state=state, reason=reason, at=now)
     JobAttempt.objects.filter(job=job, number=job.attempt_number).exclude(state__in=FINAL_STATES).update(state=state, exit_type=exit_type, exit_reason=reason, exit_code=exit_code, finished_at=now)
     _free_subnet_if_idle(job.pk, job.attempt_number)
 
@@ -203,7 +208,7 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
         if job.state == State.STOPPING:
             _maybe_finish_stopping(job.pk, now)
         elif job_attempt.state == State.RUNNING and attempt.number == job.attempt_number:
-            spec = spec_of(job)
+            spec = job.spec
             results = [
                 TaskResult(a.task.role, a.task.index, None if a.state in ACTIVE_TASK_STATES else a.state, a.exit_reason)
                 for a in TaskAttempt.objects.filter(job=job, number=attempt.number).select_related("task")
@@ -243,6 +248,24 @@ def _conclude_attempt(job: Job, job_attempt: JobAttempt, verdict: Verdict, stops
 
 def attempt_keep_for_debug(attempt_id: int) -> None:
     TaskAttempt.objects.filter(pk=attempt_id).update(kept_for_debug=True)
+
+
+def attempt_set_ssh_available(attempt_id: int, *, available: bool) -> bool:
+    """Record whether the task's container can serve SSH (its node probes
+    once, at the start); the first answer stays. False if one was recorded."""
+    return TaskAttempt.objects.filter(pk=attempt_id, ssh_available__isnull=True).update(ssh_available=available) == 1
+
+
+def attempts_note_activity(attempt_ids: Collection[int], *, now: datetime) -> int:
+    """The tasks printed something: a sign of use, which idle notices read
+    (access.last_activity). Runs in the log writer's transaction, beside
+    the lines. Only ever moves last_activity_at forward (a terminal session
+    moves it too). Returns how many tasks moved."""
+    if not attempt_ids:
+        return 0
+    return TaskAttempt.objects.filter(
+        Q(last_activity_at__isnull=True) | Q(last_activity_at__lt=now), pk__in=attempt_ids
+    ).update(last_activity_at=now)
 
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db.models import Q
@@ -29,6 +30,43 @@ class NodeInfo:
     port_end: int = 20999
     agent_pid: int | None = None
     agent_host: str = ""
+
+
+def portal_host_names() -> list[str]:
+    """The host names the portal answers to (ALLOWED_HOSTS, the hosts of
+    CSRF_TRUSTED_ORIGINS), lower case, IPv6 without brackets; entries like
+    ".example.org" (any subdomain) and "*" kept as they are."""
+    names = list(settings.ALLOWED_HOSTS)
+    names += [urlsplit(origin).hostname or "" for origin in settings.CSRF_TRUSTED_ORIGINS]
+    return [name.lower().strip("[]") for name in names if name]
+
+
+def node_address_clash(address: str) -> str | None:
+    """Why `address` must not be where a node publishes task ports, or None.
+
+    Browsers send cookies by host name, whatever the port: a task serving
+    HTTP on one of the portal's own host names would receive the portal's
+    session cookie from every user who opens it (review finding 1)."""
+    host = address.lower().strip("[]")
+    for name in portal_host_names():
+        if name == "*":
+            return None  # any host at all: see node_address_warning
+        if host == name or (name.startswith(".") and (host == name[1:] or host.endswith(name))):
+            return (f"{address} is one of the portal's own host names ({name} in PORTAL_ALLOWED_HOSTS or "
+                    "PORTAL_CSRF_TRUSTED_ORIGINS): browsers would send the portal's session cookie to every "
+                    "task port published there. Give the node another address (e.g. 127.0.0.2 on the portal's "
+                    "own machine)")
+    return None
+
+
+def node_address_warning() -> str | None:
+    """A warning when the portal's host names cannot be told apart from a
+    node's (PORTAL_ALLOWED_HOSTS=*)."""
+    if "*" in settings.ALLOWED_HOSTS:
+        return ("PORTAL_ALLOWED_HOSTS is *: the node agent cannot check that task ports are published on an "
+                "address other than the portal's own; if they share a host name, the portal's session cookie "
+                "reaches every task port. List the portal's host names instead.")
+    return None
 
 
 def node_register(info: NodeInfo) -> Node:

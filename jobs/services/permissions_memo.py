@@ -1,6 +1,6 @@
 """A per-process memo of the two questions every API call asks the database:
 which user a bearer token stands for, and whether a user may submit to a
-virtual cluster.
+virtual cluster (and, for jobs/services/limits.py, their limits there).
 
 Why: building those ORM queries is the largest CPU cost left on the submit
 path (about 0.6 ms each under load, far more than SQLite takes to answer),

@@ -1,15 +1,25 @@
-"""Failed-login limits, shared by POST /api/v1/token and the web login form.
+"""Rate limits. First, failed-login limits, shared by POST /api/v1/token, the web login form and
+the Django admin's login.
 
-After LOGIN_FAILURES_ALLOWED failures for one username within
-LOGIN_FAILURE_WINDOW_SECONDS, further logins for that username are refused
-until the window ends, right password or not (otherwise guessing would go on
-with the answer simply withheld). One client address gets five times as many
-failures over all usernames, which stops spraying one password over many
-names. Counters live in the Django cache (Redis), so every gunicorn worker
-sees the same counts.
+Three counters, each over LOGIN_FAILURE_WINDOW_SECONDS:
+- a username from one client address: LOGIN_FAILURES_ALLOWED failures, then
+  that pair must wait, right password or not (otherwise guessing would go on
+  with the answer simply withheld);
+- one client address over all usernames: five times as many, which stops
+  spraying one password over many names;
+- one username over all addresses: twenty times as many, which stops
+  guessing spread over many addresses. It does not apply from an address the
+  user logged in from successfully before (kept LOGIN_TRUSTED_SECONDS), so an
+  attacker elsewhere can slow the account for strangers but never lock its
+  owner out of the places they use.
+Counters live in the Django cache (Redis), so every gunicorn worker sees the
+same counts.
 
 If the cache is unreachable the limiter lets logins through: a Redis outage
 must not lock everyone out of the portal.
+
+Second, plain per-user action limits (action_wait_seconds), such as the
+Submit page's live check of the config as it is typed.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from jobs.models import User
 log = logging.getLogger(__name__)
 
 ADDRESS_FACTOR = 5
+USERNAME_FACTOR = 20
+LOGIN_TRUSTED_SECONDS = 30 * 24 * 3600
 
 
 def client_address(request: HttpRequest) -> str:
@@ -43,21 +55,44 @@ def client_address(request: HttpRequest) -> str:
     return request.META.get("REMOTE_ADDR", "")[:64] or "unknown"
 
 
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def _keys(kind: str, value: str) -> tuple[str, str]:
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    digest = _digest(value)
     return f"login-fail:{kind}:{digest}:n", f"login-fail:{kind}:{digest}:since"
+
+
+def _name(username: str) -> str:
+    return username.strip().lower()
+
+
+def _pair(username: str, address: str) -> str:
+    return f"{_name(username)}\0{address}"  # NUL: in neither a username nor an address
+
+
+def _trusted_key(username: str, address: str) -> str:
+    return f"login-ok:{_digest(_pair(username, address))}"
 
 
 def _counters(username: str, address: str) -> list[tuple[tuple[str, str], int]]:
     allowed = settings.LOGIN_FAILURES_ALLOWED
-    return [(_keys("user", username.strip().lower()), allowed), (_keys("addr", address), allowed * ADDRESS_FACTOR)]
+    return [
+        (_keys("pair", _pair(username, address)), allowed),
+        (_keys("addr", address), allowed * ADDRESS_FACTOR),
+        (_keys("user", _name(username)), allowed * USERNAME_FACTOR),
+    ]
 
 
 def login_wait_seconds(*, username: str, address: str) -> int:
     """0 if a login may be tried now, else how many seconds to wait."""
     window = settings.LOGIN_FAILURE_WINDOW_SECONDS
     try:
-        for (count_key, since_key), allowed in _counters(username, address):
+        counters = _counters(username, address)
+        if cache.get(_trusted_key(username, address)):
+            counters = counters[:2]  # the owner's own place: strangers' failures do not count here
+        for (count_key, since_key), allowed in counters:
             values = cache.get_many([count_key, since_key])
             if int(values.get(count_key) or 0) >= allowed:
                 since = float(values.get(since_key) or time.time())
@@ -80,10 +115,12 @@ def login_failed(*, username: str, address: str) -> None:
         log.warning("login rate limit unavailable", exc_info=True)
 
 
-def login_succeeded(*, username: str) -> None:
-    """A right password clears the username's count (not the address's)."""
+def login_succeeded(*, username: str, address: str) -> None:
+    """A right password clears the pair's count and trusts the address for
+    this user; the address's and the username's own counts stay."""
     try:
-        cache.delete_many(list(_keys("user", username.strip().lower())))
+        cache.delete_many(list(_keys("pair", _pair(username, address))))
+        cache.set(_trusted_key(username, address), 1, timeout=LOGIN_TRUSTED_SECONDS)
     except Exception:
         log.warning("login rate limit unavailable", exc_info=True)
 
@@ -92,13 +129,32 @@ def login_reset(*, username: str = "", address: str = "") -> None:
     """Forget counts (an admin unlocking an account; tests)."""
     keys: list[str] = []
     if username:
-        keys += _keys("user", username.strip().lower())
+        keys += _keys("user", _name(username))
     if address:
         keys += _keys("addr", address)
+    if username and address:
+        keys += _keys("pair", _pair(username, address))
     try:
         cache.delete_many(keys)
     except Exception:
         log.warning("login rate limit unavailable", exc_info=True)
+
+
+def action_wait_seconds(*, action: str, who: str, limit: int, window: int) -> int:
+    """Count one `action` by `who` (a user id, a token); 0 if it is within
+    `limit` per `window` seconds, else how many seconds until it is. A fixed
+    window: cheap (two cache calls), and a burst can never pass 2 x limit."""
+    key = f"action:{action}:{_digest(who)}"
+    try:
+        cache.add(key + ":since", time.time(), timeout=window)
+        cache.add(key, 0, timeout=window)
+        if cache.incr(key) <= limit:
+            return 0
+        since = float(cache.get(key + ":since") or time.time())
+        return max(1, int(since + window - time.time()) + 1)
+    except Exception:  # the cache is down: never block work on the limiter
+        log.warning("rate limit unavailable", exc_info=True)
+        return 0
 
 
 class LoginThrottled(Exception):
@@ -134,7 +190,7 @@ def attempt_login(request: HttpRequest, *, username: str, password: str = "",
         login_failed(username=username, address=address)
         raise
     if user is not None:
-        login_succeeded(username=username)
+        login_succeeded(username=username, address=address)
     return user
 
 

@@ -10,7 +10,9 @@ allocations are the last line of defence against double allocation.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -33,7 +35,11 @@ from jobs.models import (
     TaskAttempt,
     VirtualCluster,
 )
+from jobs.services import limits, notifications
 from jobs.services.nodes import nodes_mark_lost, placement_cutoff
+from jobs.spec import JobSpec, PortSpec
+
+log = logging.getLogger(__name__)
 
 # A pass looks at this many waiting jobs at most; the rest wait their turn.
 MAX_JOBS_PER_PASS = 2000
@@ -66,7 +72,7 @@ def node_states(nodes: list[Node]) -> list[scheduler.NodeState]:
             gpus={int(g["index"]): str(g["type"]) for g in node.gpus}, port_start=node.port_start,
             port_end=node.port_end, used_cpus=usage.get(node.pk, {}).get("cpus") or 0,
             used_memory_mb=usage.get(node.pk, {}).get("memory") or 0, used_gpus=gpus[node.pk],
-            used_ports=ports_by_address[node.address],
+            used_ports=ports_by_address[node.address], fixed_ports_allowed=settings.FIXED_PORTS_ALLOWED,
         )
         for node in nodes
     ]
@@ -103,31 +109,34 @@ def quotas(states: list[scheduler.NodeState]) -> dict[str, scheduler.Quota]:
     return result
 
 
-def _roles(config: dict) -> tuple[scheduler.RoleRequest, ...]:
-    """What a config's task roles ask for, platform ports (ssh, main) included."""
+def _roles(spec: JobSpec) -> tuple[scheduler.RoleRequest, ...]:
+    """What a job's task roles ask for, platform ports (ssh, main) included."""
     roles = []
-    for role in config["taskRoles"]:
-        ports = [scheduler.PortRequest(p["label"], p["beginAt"], p["portNumber"]) for p in role.get("portList") or []]
-        for label in platform_port_labels([p.label for p in ports]):
-            ports.append(scheduler.PortRequest(label, 0, 1))
+    for role in spec.task_roles:
+        platform = platform_port_labels([p.label for p in role.ports])
         roles.append(scheduler.RoleRequest(
-            name=role["name"], task_number=role["taskNumber"], cpus=role["cpuNumber"],
-            memory_mb=role["memoryMB"], gpus=role["gpuNumber"], ports=tuple(ports),
+            name=role.name, task_number=role.task_number, cpus=role.cpu_number, memory_mb=role.memory_mb,
+            gpus=role.gpu_number, ports=role.ports + tuple(PortSpec(label, 0, 1) for label in platform),
         ))
     return tuple(roles)
 
 
+def spec_request(spec: JobSpec, *, job_id: int, vc: str, overtaken: int = 0, owner: int = 0) -> scheduler.JobRequest:
+    """What a spec asks for: a stored job's, or a draft's (Submit Job's fit check)."""
+    return scheduler.JobRequest(id=job_id, vc=vc, gpu_type=spec.gpu_type, roles=_roles(spec), overtaken=overtaken,
+                                owner=owner)
+
+
 def job_request(job: Job) -> scheduler.JobRequest:
     """What a stored job asks for."""
-    return scheduler.JobRequest(
-        id=job.pk, vc=job.virtual_cluster.name, gpu_type=job.gpu_type or None, roles=_roles(job.config),
-        overtaken=job.overtaken,
-    )
+    return spec_request(job.spec, job_id=job.pk, vc=job.virtual_cluster.name, overtaken=job.overtaken,
+                        owner=job.owner_id)
 
 
-# A job's config never changes once stored, so a process decodes each
-# waiting job's roles once instead of at every pass (a pass may look at
-# thousands of waiting jobs, several times a second under a burst).
+# A job's config never changes once stored, so a process builds each waiting
+# job's requests once instead of at every pass (a pass may look at thousands
+# of waiting jobs, several times a second under a burst). The specs behind
+# them come through the Job.spec memo, which the rest of the process shares.
 _roles_cache: dict[int, tuple[scheduler.RoleRequest, ...]] = {}
 _ROLES_CACHE_MAX = 20_000
 
@@ -139,11 +148,13 @@ class _Waiting:
     gpu_type: str
     overtaken: int
     waiting_reason: str
+    owner: int
 
 
 def _waiting_jobs() -> list[_Waiting]:
     rows = (Job.objects.filter(state=State.WAITING).order_by("id")
-            .values_list("id", "virtual_cluster__name", "gpu_type", "overtaken", "waiting_reason")[:MAX_JOBS_PER_PASS])
+            .values_list("id", "virtual_cluster__name", "gpu_type", "overtaken", "waiting_reason",
+                         "owner_id")[:MAX_JOBS_PER_PASS])
     return [_Waiting(*row) for row in rows]
 
 
@@ -152,13 +163,42 @@ def _requests(waiting: list[_Waiting]) -> list[scheduler.JobRequest]:
     if len(_roles_cache) + len(missing) > _ROLES_CACHE_MAX:
         _roles_cache.clear()
         missing = [job.id for job in waiting]
-    for job_id, config in Job.objects.filter(pk__in=missing).values_list("id", "config").iterator(chunk_size=500):
-        _roles_cache[job_id] = _roles(config)
+    for job in Job.objects.filter(pk__in=missing).only("id", "owner_id", "name", "config").iterator(chunk_size=500):
+        _roles_cache[job.pk] = _roles(job.spec)
     return [
         scheduler.JobRequest(id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=_roles_cache[job.id],
-                             overtaken=job.overtaken)
+                             overtaken=job.overtaken, owner=job.owner)
         for job in waiting
     ]
+
+
+def user_quotas(waiting: list[_Waiting]) -> dict[tuple[str, int], scheduler.UserQuota]:
+    """The running-job and GPU limits of each owner of a waiting job, by
+    (virtual cluster, owner), with what they hold there now; only where such
+    a limit applies. One query when no limit is set, at most three however
+    long the queue."""
+    table = limits.limit_table()
+    if not table:
+        return {}
+    result: dict[tuple[str, int], scheduler.UserQuota] = {}
+    for vc, owner in {(job.vc, job.owner) for job in waiting}:
+        found = limits.resolve(table, vc_name=vc, user_id=owner)
+        if found.max_running_jobs is not None or found.max_gpus is not None:
+            result[vc, owner] = scheduler.UserQuota(max_running_jobs=found.max_running_jobs, max_gpus=found.max_gpus)
+    if not result:
+        return {}
+    # A stopping job counts until it has ended: its tasks still hold their place.
+    running = (Job.objects.filter(state__in=(State.RUNNING, State.STOPPING))
+               .values_list("virtual_cluster__name", "owner_id").annotate(n=Count("id")))
+    for vc, owner, count in running:
+        if (vc, owner) in result:
+            result[vc, owner].running_jobs = count
+    gpus = (GpuAllocation.objects.values_list("attempt__job__virtual_cluster__name", "attempt__job__owner_id")
+            .annotate(n=Count("id")))
+    for vc, owner, count in gpus:
+        if (vc, owner) in result:
+            result[vc, owner].used_gpus = count
+    return result
 
 
 def _allocate_subnet(job_attempt: JobAttempt, tasks: int) -> ipaddress.IPv4Network | None:
@@ -182,7 +222,8 @@ def _allocate_subnet(job_attempt: JobAttempt, tasks: int) -> ipaddress.IPv4Netwo
 def _apply(job: Job, placements: list[scheduler.Placement], nodes: dict[int, Node]) -> list[tuple[str, int]]:
     """Write one job's placement; returns (node name, attempt id) to launch."""
     job_attempt = JobAttempt.objects.get(job=job, number=job.attempt_number)
-    order = {role["name"]: i for i, role in enumerate(job.config["taskRoles"])}
+    spec = job.spec
+    order = {role.name: i for i, role in enumerate(spec.task_roles)}
     placements = sorted(placements, key=lambda p: (order[p.role], p.index))
     subnet = None
     if len(placements) > 1:
@@ -192,9 +233,10 @@ def _apply(job: Job, placements: list[scheduler.Placement], nodes: dict[int, Nod
             return []
     if Job.objects.filter(pk=job.pk, state=State.WAITING).update(state=State.RUNNING, waiting_reason="") != 1:
         return []
+    notifications.job_state_changed(job=job, previous=State.WAITING, state=State.RUNNING)
     JobAttempt.objects.filter(pk=job_attempt.pk).update(state=State.RUNNING, subnet=str(subnet) if subnet else "")
     tasks = {(t.role, t.index): t.pk for t in Task.objects.filter(job=job)}
-    shm = {role["name"]: role.get("shmMB", 64) for role in job.config["taskRoles"]}
+    shm = {role.name: role.shm_mb for role in spec.task_roles}
     hosts = list(subnet.hosts())[1:] if subnet else []
     now = timezone.now()
     attempts = TaskAttempt.objects.bulk_create([
@@ -229,6 +271,7 @@ def _plan() -> _Plan:
     waiting = _waiting_jobs()
     decision = scheduler.schedule(
         _requests(waiting), states, quotas(states), max_overtakes=settings.SCHEDULER_MAX_OVERTAKES,
+        user_quotas=user_quotas(waiting),
     )
     return _Plan(nodes, waiting, decision)
 
@@ -259,8 +302,23 @@ def _place(plan: _Plan) -> list[tuple[str, int]]:
 
 def schedule_pass() -> int:
     """Start every waiting job that fits now; returns how many started.
+    Its duration goes to /metrics (queues.record_pass_duration)."""
+    started = time.perf_counter()
+    try:
+        return _schedule_pass()
+    finally:
+        _record_duration(time.perf_counter() - started)
 
-    A first look is taken without the write lock: on SQLite that lock is
+
+def _record_duration(seconds: float) -> None:
+    try:
+        queues.record_pass_duration(seconds)
+    except Exception:  # Redis away: the pass itself went through
+        log.warning("could not record the scheduling pass's duration", exc_info=True)
+
+
+def _schedule_pass() -> int:
+    """A first look is taken without the write lock: on SQLite that lock is
     the whole database's, and a pass over thousands of waiting jobs would
     hold up every submission meanwhile. Only when a job can start is the
     pass done again under the lock, so placements see every allocation

@@ -9,8 +9,9 @@ from django.conf import settings
 
 from jobs import keys, storage
 from jobs.models import Job, User, VirtualCluster
-from jobs.services import job_store, permissions_memo
-from jobs.spec import JobSpec, ParsedConfig, SpecError, SpecProblem, parse_job_config, parse_job_value
+from jobs.services import job_store, limits, permissions_memo
+from jobs.services.admission import admission_problems
+from jobs.spec import JobSpec, ParsedConfig, SpecError, SpecProblem, parse_config_text
 
 
 class SubmitError(Exception):
@@ -25,14 +26,7 @@ class SubmitError(Exception):
 
 
 def parse_for_user(data: str | bytes, *, user: User) -> ParsedConfig:
-    return parse_job_config(data, user_name=user.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI)
-
-
-def spec_of(job: Job) -> JobSpec:
-    """The typed spec of a stored job (its normalized config parses again)."""
-    return parse_job_value(
-        job.config, user_name=job.owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI
-    ).spec
+    return parse_config_text(data, user_name=user.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI)
 
 
 def virtual_cluster_for(user: User, name: str) -> VirtualCluster:
@@ -54,12 +48,24 @@ def _virtual_cluster_allowed(user: User, name: str) -> VirtualCluster:
     return vc
 
 
+def _check_waiting_limit(owner: User, vc: VirtualCluster) -> None:
+    problem = limits.waiting_limit_problem(user=owner, vc=vc)
+    if problem:
+        raise SubmitError("NoEnoughQuotaError", problem, "virtualCluster")
+
+
+def _check_admission(spec: JobSpec) -> None:
+    problems = admission_problems(spec)
+    if problems:
+        raise SpecError(problems)
+
+
 def _check_storage(user: User, spec: JobSpec) -> None:
     problems = storage.check_job_paths(user_name=user.username, is_admin=user.is_admin, spec=spec)
     if problems:
         raise SpecError([SpecProblem(field, message) for field, message in problems])
     try:
-        storage.ensure_output_dir(user_name=user.username, uri=spec.output_dir)
+        storage.ensure_output_dir(user_name=user.username, uri=spec.output_dir, is_admin=user.is_admin)
     except storage.StorageError as exc:
         raise SpecError([SpecProblem("outputDir", f"cannot create the output folder: {exc}")]) from None
 
@@ -93,8 +99,13 @@ def _submit(owner: User, config: str | bytes | ParsedConfig, upload_outputs: boo
     parsed = config if isinstance(config, ParsedConfig) else parse_for_user(config, user=owner)
     spec = parsed.spec
     vc = virtual_cluster_for(owner, spec.virtual_cluster)
+    # The waiting limit is checked first, so a refused job costs nothing (no
+    # key pair, no output folder), and again as the job is stored (a
+    # concurrent submission may take the last place meanwhile).
+    _check_waiting_limit(owner, vc)
     # A taken name is found by the unique constraint when the job is stored
     # (a query here could not close the race with a concurrent submission).
+    _check_admission(spec)
     _check_storage(owner, spec)
     spec = _with_full_uris(spec, owner)
     private_key, public_key = keys.new_key_pair(f"pai-job-{owner.username}-{spec.job_name}")
@@ -103,14 +114,22 @@ def _submit(owner: User, config: str | bytes | ParsedConfig, upload_outputs: boo
         config=spec.to_config(), warnings=[w.as_dict() for w in parsed.warnings],
         retry_limit=spec.retry_count, total_tasks=spec.total_tasks, total_gpus=spec.total_gpus,
         total_roles=len(spec.task_roles), gpu_type=spec.gpu_type or "",
-        ssh_private_key=private_key, ssh_public_key=public_key,
+        ssh_private_key=keys.seal_private_key(private_key), ssh_public_key=public_key,
+        secrets_sealed=keys.seal_secrets(parsed.secrets),
         upload_outputs=_upload_outputs_wanted(spec, upload_outputs),
         waiting_reason="waiting for the scheduler",
     )
+    roles = [(role.name, role.task_number) for role in spec.task_roles]
     try:
-        return job_store.store(job, roles=[(role.name, role.task_number) for role in spec.task_roles])
+        return job_store.store(job, roles=roles, max_waiting=limits.limits_for(user=owner, vc=vc).max_waiting_jobs)
     except job_store.NameTaken:
         raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName") from None
+    except job_store.VirtualClusterGone:
+        raise SubmitError("NoVirtualClusterError", f'virtual cluster "{vc.name}" was removed while the job was '
+                                                   "being stored", "virtualCluster") from None
+    except job_store.WaitingLimitReached as exc:
+        words = limits.waiting_limit_words(waiting=exc.waiting, limit=exc.limit, vc_name=vc.name)
+        raise SubmitError("NoEnoughQuotaError", words, "virtualCluster") from None
 
 
 def suggest_job_name(owner: User, base: str) -> str:

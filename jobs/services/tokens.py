@@ -62,6 +62,17 @@ def token_revoke(*, token: ApiToken) -> bool:
     return revoked
 
 
+def tokens_revoke_all(*, user: User, keep_key: str | None = None) -> int:
+    """Revoke every live token of `user` but the one whose secret is `keep_key`."""
+    live = ApiToken.objects.filter(user=user, revoked_at__isnull=True)
+    if keep_key:
+        live = live.exclude(key_hash=_hash(keep_key))
+    revoked = live.update(revoked_at=timezone.now())
+    if revoked:
+        permissions_memo.permissions_changed()  # an UPDATE sends no signal
+    return revoked
+
+
 class TokenRejected(Exception):
     """The token is unknown, expired, revoked, or its user may not log in."""
 
@@ -91,4 +102,6 @@ def token_authenticate(key: str) -> User:
 
 
 def _token_with_user(digest: str) -> ApiToken:
-    return ApiToken.objects.select_related("user").get(key_hash=digest)
+    token = ApiToken.objects.select_related("user").get(key_hash=digest)
+    token.user.is_admin  # noqa: B018 -- read now, so the remembered user carries its permission cache
+    return token

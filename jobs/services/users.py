@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from jobs.models import FINAL_STATES, Job, User, VirtualCluster
+from jobs.services import tokens
 
 
 class UserError(Exception):
@@ -49,13 +50,28 @@ def user_create(*, username: str, password: str, admin: bool = False) -> User:
     return user
 
 
-def user_update(*, user: User, password: str | None = None, admin: bool | None = None) -> User:
-    if password is not None:
-        _check_password(password, user)
-        user.set_password(password)
-    if admin is not None:
-        user.is_staff = user.is_superuser = admin
-    user.save()
+def user_update(*, user: User, admin: bool) -> User:
+    user.is_staff = user.is_superuser = admin
+    user.save(update_fields=["is_staff", "is_superuser"])
+    return user
+
+
+def user_change_password(*, user: User, password: str, by: User, current_password: str | None = None,
+                         keep_token_key: str | None = None) -> User:
+    """Set a new password. Whoever changes their own (admins too) proves the
+    current one: a stolen token or session alone must not take the account
+    over. Afterwards every other token of the user is revoked (the caller's
+    own, `keep_token_key`, stays) and their browser sessions end: Django
+    drops a session whose password hash no longer matches on its next request."""
+    if by.pk == user.pk or not by.is_admin:
+        if current_password is None:
+            raise UserError("InvalidParametersError", "oldPassword is required to change your own password.")
+        if not user.check_password(current_password):
+            raise UserError("ForbiddenUserError", "oldPassword is not your current password.")
+    _check_password(password, user)
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    tokens.tokens_revoke_all(user=user, keep_key=keep_token_key)
     return user
 
 

@@ -18,11 +18,11 @@ MAX_PORT_NUMBER = 100
 MAX_RETRY_COUNT = 100
 MAX_NAME_LENGTH = 128
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9\-._~]+$")
-ROLE_NAME_RE = re.compile(r"^[A-Za-z0-9._~]+$")
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9\-._~]+\Z")
+ROLE_NAME_RE = re.compile(r"^[A-Za-z0-9._~]+\Z")
 LABEL_RE = ROLE_NAME_RE
-VC_NAME_RE = re.compile(r"^[A-Za-z0-9_]+$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+VC_NAME_RE = re.compile(r"^[A-Za-z0-9_]+\Z")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 BOOLEAN_ENVS = ("isDebug", "paiAzRDMA")
 
 JOB_FIELDS = (
@@ -36,6 +36,11 @@ ROLE_FIELDS = (
     "minFailedTaskCount", "minSucceededTaskCount",
 )
 ROLE_KEPT_FIELDS = ("storageGB",)
+# Keys only a protocol v2 config puts into the normalized (v1-shaped)
+# config; a v1 config may not hold them, or they would take effect once
+# stored (`JobSpec.from_config` reads them).
+V2_ONLY_JOB_KEYS = ("imageAuth",)
+V2_ONLY_ROLE_KEYS = ("roleImage", "roleImageAuth")
 PORT_FIELDS = ("label", "beginAt", "portNumber")
 DIR_FIELDS = ("authFile", "dataDir", "outputDir", "codeDir")
 
@@ -92,6 +97,12 @@ class TaskRoleSpec:
     min_failed_task_count: int | None
     min_succeeded_task_count: int | None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Protocol v2's dockerImage per task role, set only when it differs from
+    # the job's (`JobSpec.image`, the first role's); None: the job's image
+    # and image_auth. A role with its own image has its own credentials
+    # (None: none), never the job's, which are for another registry.
+    image: str | None = None
+    image_auth: dict[str, str] | None = None
 
     def resource_string(self) -> str:
         """PAI_RESOURCE_<role>: "gpuNumber,cpuNumber,memMB,shmMB"."""
@@ -101,7 +112,7 @@ class TaskRoleSpec:
 @dataclass(frozen=True)
 class JobSpec:
     job_name: str
-    image: str
+    image: str  # v2: the first task role's; role_image() gives each role's
     auth_file: str | None
     data_dir: str | None
     output_dir: str
@@ -116,6 +127,10 @@ class JobSpec:
     # Top-level keys outside the field table ("tmp" and unknown ones), kept so
     # that a config round-trips without loss.
     kept: dict[str, Any] = field(default_factory=dict)
+    # Registry credentials given in the config itself (protocol v2's
+    # dockerimage auth): {"registry", "username", "password"}, the password
+    # only ever as a secret reference (v2_text.secret_ref), never its value.
+    image_auth: dict[str, str] | None = None
 
     @property
     def total_tasks(self) -> int:
@@ -135,6 +150,14 @@ class JobSpec:
                 return role
         raise KeyError(name)
 
+    def role_image(self, name: str) -> tuple[str, dict[str, str] | None]:
+        """The image the tasks of role `name` run, and the registry
+        credentials the config gives for it."""
+        role = self.role(name)
+        if role.image is None:
+            return self.image, self.image_auth
+        return role.image, role.image_auth
+
     def to_config(self) -> dict[str, Any]:
         """The normalized v1 config: defaults applied, substitutions done."""
         config: dict[str, Any] = {
@@ -153,8 +176,51 @@ class JobSpec:
         }
         if self.kill_all_on_completed_task_number is not None:
             config["killAllOnCompletedTaskNumber"] = self.kill_all_on_completed_task_number
+        if self.image_auth is not None:
+            config["imageAuth"] = dict(self.image_auth)
         config.update(self.kept)
         return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> JobSpec:
+        """The typed spec back from `to_config()`'s output, as stored with a
+        job. No validation: the config was validated when it was stored, and
+        this is the cheap way back (no text, no positions, no problems)."""
+        rest = {k: v for k, v in config.items() if k not in _JOB_KEYS}
+        return cls(
+            job_name=config["jobName"], image=config["image"], auth_file=config.get("authFile") or None,
+            data_dir=config.get("dataDir") or None, output_dir=config["outputDir"],
+            code_dir=config.get("codeDir") or None, virtual_cluster=config["virtualCluster"],
+            task_roles=tuple(_role_from_config(role) for role in config["taskRoles"]),
+            gpu_type=config.get("gpuType") or None, retry_count=config.get("retryCount", 0),
+            kill_all_on_completed_task_number=config.get("killAllOnCompletedTaskNumber"),
+            job_envs=dict(config.get("jobEnvs") or {}), extras=dict(config.get("extras") or {}), kept=rest,
+            image_auth=dict(config["imageAuth"]) if isinstance(config.get("imageAuth"), dict) else None,
+        )
+
+
+_JOB_KEYS = frozenset((
+    "jobName", "image", "authFile", "dataDir", "outputDir", "codeDir", "virtualCluster", "taskRoles", "gpuType",
+    "retryCount", "jobEnvs", "extras", "killAllOnCompletedTaskNumber", *V2_ONLY_JOB_KEYS,
+))
+_ROLE_KEYS = frozenset((
+    "name", "taskNumber", "cpuNumber", "memoryMB", "shmMB", "gpuNumber", "portList", "command",
+    "minFailedTaskCount", "minSucceededTaskCount", *V2_ONLY_ROLE_KEYS,
+))
+
+
+def _role_from_config(role: dict[str, Any]) -> TaskRoleSpec:
+    return TaskRoleSpec(
+        name=role["name"], task_number=role["taskNumber"], cpu_number=role["cpuNumber"],
+        memory_mb=role["memoryMB"], shm_mb=role.get("shmMB", 64), gpu_number=role["gpuNumber"],
+        ports=tuple(PortSpec(label=p["label"], begin_at=p["beginAt"], port_number=p["portNumber"])
+                    for p in role.get("portList") or ()),
+        command=role["command"], min_failed_task_count=role.get("minFailedTaskCount", 1),
+        min_succeeded_task_count=role.get("minSucceededTaskCount"),
+        extra={k: v for k, v in role.items() if k not in _ROLE_KEYS},
+        image=role.get("roleImage"),
+        image_auth=dict(role["roleImageAuth"]) if isinstance(role.get("roleImageAuth"), dict) else None,
+    )
 
 
 def _role_config(role: TaskRoleSpec) -> dict[str, Any]:
@@ -172,6 +238,10 @@ def _role_config(role: TaskRoleSpec) -> dict[str, Any]:
         "minFailedTaskCount": role.min_failed_task_count,
         "minSucceededTaskCount": role.min_succeeded_task_count,
     }
+    if role.image is not None:
+        config["roleImage"] = role.image
+    if role.image_auth is not None:
+        config["roleImageAuth"] = dict(role.image_auth)
     config.update(role.extra)
     return config
 
@@ -180,7 +250,13 @@ def _role_config(role: TaskRoleSpec) -> dict[str, Any]:
 class ParsedConfig:
     spec: JobSpec
     warnings: list[SpecProblem]
+    # The text to keep as "submitted": as typed for v1; for v2 with every
+    # secret masked (jobs/spec/v2_text.py).
     raw: str
+    # Protocol v2's secrets, to be sealed with the job and given to the node
+    # agent only; never in `spec` or `raw`.
+    secrets: dict[str, Any] = field(default_factory=dict, repr=False)
+    protocol_version: int = 1
 
     @property
     def normalized(self) -> dict[str, Any]:

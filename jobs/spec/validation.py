@@ -8,13 +8,19 @@ import json
 import re
 from typing import Any
 
+from jobs.jsonc import Positions
 from jobs.spec.language import (
     MAX_TASKS_PER_JOB, MAX_TASK_NUMBER, MAX_CPU_NUMBER, MAX_MEMORY_MB, MAX_GPU_NUMBER, MAX_PORT_NUMBER,
     MAX_RETRY_COUNT, MAX_NAME_LENGTH, JOB_NAME_RE, ROLE_NAME_RE, LABEL_RE, VC_NAME_RE, ENV_NAME_RE,
     BOOLEAN_ENVS, JOB_FIELDS, JOB_KEPT_FIELDS, ROLE_FIELDS, ROLE_KEPT_FIELDS, PORT_FIELDS, DIR_FIELDS, Scalar,
-    SpecProblem, PortSpec, TaskRoleSpec, JobSpec, substitute, default_output_dir,
+    V2_ONLY_JOB_KEYS, V2_ONLY_ROLE_KEYS, SpecProblem, PortSpec, TaskRoleSpec, JobSpec, substitute,
+    default_output_dir,
 )
 
+
+
+# The most problems (and warnings) listed for one config; the rest are counted.
+MAX_REPORTED = 100
 
 
 def _describe(value: Any) -> str:
@@ -35,31 +41,51 @@ def _describe(value: Any) -> str:
 
 
 class _Validator:
-    def __init__(self, positions: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, positions: Positions) -> None:
         self.positions = positions
         self.problems: list[SpecProblem] = []
         self.warnings: list[SpecProblem] = []
+        # Counted beyond the lists: a hostile config may hold a problem per
+        # value, and nobody reads more than MAX_REPORTED of them.
+        self.problem_count = 0
+        self.warning_count = 0
 
     # -- reporting
 
     def _position(self, path: str) -> tuple[int | None, int | None]:
         """Where `path` starts in the text, or its nearest enclosing value."""
-        probe = path
-        while True:
-            if probe in self.positions:
-                return self.positions[probe]
-            if not probe:
-                return None, None
-            parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
-            probe = "" if parent == probe else parent
+        return self.positions.nearest(path)
 
     def error(self, path: str, message: str) -> None:
-        line, column = self._position(path)
-        self.problems.append(SpecProblem(path, message, line, column))
+        self.problem_count += 1
+        if self.problem_count <= MAX_REPORTED:
+            line, column = self._position(path)
+            self.problems.append(SpecProblem(path, message, line, column))
 
     def warn(self, path: str, message: str) -> None:
-        line, column = self.positions.get(path + "#key", self._position(path))
-        self.warnings.append(SpecProblem(path, message, line, column))
+        self.warning_count += 1
+        if self.warning_count <= MAX_REPORTED:
+            line, column = self.positions.get(path + "#key") or self._position(path)
+            self.warnings.append(SpecProblem(path, message, line, column))
+
+    @property
+    def gave_up(self) -> bool:
+        """Past MAX_REPORTED problems, long lists are not checked further:
+        a hostile config must not cost a worker time in proportion to it."""
+        return self.problem_count > MAX_REPORTED
+
+    @property
+    def reporting_warnings(self) -> bool:
+        """False once no more warnings are shown: skip working out hints."""
+        return self.warning_count < MAX_REPORTED
+
+    def finish(self) -> None:
+        """Say how many problems and warnings were left out, if any."""
+        for count, items, what in ((self.problem_count, self.problems, "problems"),
+                                   (self.warning_count, self.warnings, "warnings")):
+            if count > MAX_REPORTED:
+                items.append(SpecProblem("", f"... and more {what} not listed (checking stops after "
+                                             f"{MAX_REPORTED}); fix these first"))
 
     # -- typed getters: each returns the value or None after reporting
 
@@ -106,7 +132,7 @@ class _Validator:
         if len(value) > max_length:
             self.error(where, f"expected at most {max_length} characters, got {len(value)}")
             return None
-        if pattern is not None and not pattern.match(value):
+        if pattern is not None and not pattern.fullmatch(value):
             self.error(where, f"expected {pattern_help}, got {_describe(value)}")
             return None
         return value
@@ -121,6 +147,9 @@ class _Validator:
             if key in kept:
                 continue
             where = f"{path}.{key}" if path else key
+            if not self.reporting_warnings:
+                self.warn(where, "")  # counted, not shown: no hint worth working out
+                continue
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             if not close:
                 lowered = {k.lower(): k for k in known}
@@ -129,6 +158,13 @@ class _Validator:
             hint = f'; did you mean "{close[0]}"?' if close else ""
             self.warn(where, f'unknown field "{key}" is kept in the stored config but not used{hint}')
         return extra
+
+    def v2_only(self, obj: dict, path: str, keys: tuple[str, ...], message: str) -> None:
+        """Refuse what only a v2 config's normalized form may hold: kept as
+        unknown, it would take effect once the job is stored."""
+        for key in keys:
+            if key in obj:
+                self.error(f"{path}.{key}" if path else key, message)
 
     # -- the config
 
@@ -140,7 +176,7 @@ class _Validator:
         job_name = self.string(value, "jobName", "", required=True, pattern=JOB_NAME_RE,
                                pattern_help=name_help, max_length=MAX_NAME_LENGTH, allow_empty=False)
         image = self.string(value, "image", "", required=True, max_length=512, allow_empty=False,
-                            pattern=re.compile(r"^\S+$"), pattern_help="a Docker image name without spaces, like busybox:latest")
+                            pattern=re.compile(r"^\S+\Z"), pattern_help="a Docker image name without spaces, like busybox:latest")
         dirs: dict[str, str | None] = {}
         for key in DIR_FIELDS:
             raw = self.string(value, key, "", required=False, max_length=2048)
@@ -150,19 +186,21 @@ class _Validator:
         vc = self.string(value, "virtualCluster", "", required=False, pattern=VC_NAME_RE,
                          pattern_help="letters, digits and _ (pattern ^[A-Za-z0-9_]+$)", max_length=64)
         gpu_type = self.string(value, "gpuType", "", required=False, max_length=64,
-                               pattern=re.compile(r"^[A-Za-z0-9\-._]+$"), pattern_help="a GPU type name like V100")
+                               pattern=re.compile(r"^[A-Za-z0-9\-._]+\Z"), pattern_help="a GPU type name like V100")
         retry = self.integer(value, "retryCount", "", required=False, minimum=0, maximum=MAX_RETRY_COUNT, default=0)
         kill_all = self.integer(value, "killAllOnCompletedTaskNumber", "", required=False, minimum=0,
                                 maximum=MAX_TASKS_PER_JOB, default=None, nullable=True)
         roles = self.task_roles(value)
         envs = self.job_envs(value)
         extras = self.extras(value)
-        kept = self.unknown_keys(value, "", JOB_FIELDS, JOB_KEPT_FIELDS)
+        self.v2_only(value, "", V2_ONLY_JOB_KEYS, "registry credentials in the config are protocol v2's (a "
+                     'dockerimage prerequisite\'s auth); a v1 config names a file holding them in "authFile"')
+        kept = self.unknown_keys(value, "", JOB_FIELDS, (*JOB_KEPT_FIELDS, *V2_ONLY_JOB_KEYS))
         if kill_all is not None and roles:
             total = sum(r.task_number for r in roles)
             if kill_all > total:
                 self.error("killAllOnCompletedTaskNumber", f"expected at most the job's task count ({total}), got {kill_all}")
-        if self.problems or job_name is None or image is None or roles is None or envs is None or extras is None:
+        if self.problem_count or job_name is None or image is None or roles is None or envs is None or extras is None:
             return None
         output_dir = dirs["outputDir"] or default_output_dir(
             default_fs_uri=default_fs_uri, user_name=user_name, job_name=job_name
@@ -188,6 +226,8 @@ class _Validator:
         roles: list[TaskRoleSpec] = []
         seen: dict[str, int] = {}
         for index, item in enumerate(roles_value):
+            if self.gave_up:
+                break
             path = f"taskRoles[{index}]"
             role = self.task_role(item, path)
             if role is None:
@@ -206,7 +246,7 @@ class _Validator:
         if not isinstance(item, dict):
             self.error(path, f"expected a task role object {{name, taskNumber, cpuNumber, memoryMB, gpuNumber, command}}, got {_describe(item)}")
             return None
-        before = len(self.problems)
+        before = self.problem_count
         name = self.string(item, "name", path, required=True, pattern=ROLE_NAME_RE, allow_empty=False,
                            pattern_help="letters, digits and . _ ~ (pattern ^[A-Za-z0-9._~]+$)", max_length=64)
         tasks = self.integer(item, "taskNumber", path, required=True, minimum=1, maximum=MAX_TASK_NUMBER)
@@ -227,8 +267,10 @@ class _Validator:
                 self.error(f"{path}.{key}", f"expected null or between 1 and taskNumber ({tasks}), got {count}")
         self.integer(item, "storageGB", path, required=False, minimum=0, maximum=10**6, nullable=True)
         ports = self.port_list(item, path)
-        extra = self.unknown_keys(item, path, ROLE_FIELDS, ROLE_KEPT_FIELDS)
-        if len(self.problems) > before or None in (name, tasks, cpus, memory, gpus, command, ports):
+        self.v2_only(item, path, V2_ONLY_ROLE_KEYS, "a task role's own image is protocol v2's (taskRoles.<name>."
+                     'dockerImage); in a v1 config every task role runs the job\'s "image"')
+        extra = self.unknown_keys(item, path, ROLE_FIELDS, (*ROLE_KEPT_FIELDS, *V2_ONLY_ROLE_KEYS))
+        if self.problem_count > before or None in (name, tasks, cpus, memory, gpus, command, ports):
             return None
         return TaskRoleSpec(
             name=name, task_number=tasks, cpu_number=cpus, memory_mb=memory,  # type: ignore[arg-type]
@@ -248,11 +290,13 @@ class _Validator:
         ports: list[PortSpec] = []
         labels: dict[str, int] = {}
         for index, entry in enumerate(value):
+            if self.gave_up:
+                break
             port_path = f"{where}[{index}]"
             if not isinstance(entry, dict):
                 self.error(port_path, f"expected an object {{label, beginAt, portNumber}}, got {_describe(entry)}")
                 continue
-            before = len(self.problems)
+            before = self.problem_count
             label = self.string(entry, "label", port_path, required=True, pattern=LABEL_RE, allow_empty=False,
                                 pattern_help="letters, digits and . _ ~ (pattern ^[A-Za-z0-9._~]+$)", max_length=64)
             begin = self.integer(entry, "beginAt", port_path, required=True, minimum=0, maximum=65535)
@@ -264,7 +308,7 @@ class _Validator:
                 self.error(f"{port_path}.label", f'duplicate port label "{label}" (also {where}[{labels[label]}].label); labels must be unique in a task role')
             elif label is not None:
                 labels[label] = index
-            if len(self.problems) == before and label is not None and begin is not None and number is not None:
+            if self.problem_count == before and label is not None and begin is not None and number is not None:
                 ports.append(PortSpec(label=label, begin_at=begin, port_number=number))
         return ports
 
@@ -278,7 +322,7 @@ class _Validator:
         result: dict[str, Scalar] = {}
         for key, item in envs.items():
             where = f"jobEnvs.{key}"
-            if not ENV_NAME_RE.match(key) or len(key) > 128:
+            if not ENV_NAME_RE.fullmatch(key) or len(key) > 128:
                 self.error(where, "expected an environment variable name: letters, digits and _, not starting with a digit")
                 continue
             if key.startswith("PAI_"):

@@ -2,8 +2,11 @@
 
 Two backends behind one interface (base.Backend): local disk under
 STORAGE_LOCAL_ROOT (the default; file:// URIs) and HDFS through WebHDFS
-(hdfs:// URIs). paths.py says how users address files, access.py who may
-touch what, files.py is what the storage page does for a signed-in user.
+(hdfs:// URIs). registry.py finds the one STORAGE_BACKEND names (each backend
+module registers its kind); paths.py says how users address files, access.py
+who may touch what, files.py is what the storage page does for a signed-in
+user. portal/settings.py imports this package, so nothing here may import
+models or other Django app code at import time.
 
 Used by the job services and the node runner (keep these names):
 
@@ -11,32 +14,40 @@ Used by the job services and the node runner (keep these names):
     check_job_paths(*, user_name, is_admin, spec) -> [(field, message)]
     ensure_output_dir(*, user_name, uri)
     stage_tree(uri, dest, *, max_bytes) -> bytes copied
-    upload_tree(src, uri) -> bytes copied
+    upload_tree(src, uri) -> bytes copied (within the owner's quota)
+    room_at(uri) -> (bytes, files) the owner of uri may still store, or None
     read_small_file(uri, *, max_bytes) -> bytes
     parse_auth_file(data) -> (registry, username, password)
 
 The runner-side functions take an optional `user_name`, needed only for paths
 relative to the owner's home ("code" = "/<user>/code"); configs that use URIs
-or absolute paths do not need it.
+or absolute paths do not need it. They also take the `reader` they act for
+(the job's owner): on HDFS their requests then run as that user
+(`backend_for`), so HDFS's own permissions apply as well as the portal's.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from jobs.spec import JobSpec
-from jobs.storage import paths
-from jobs.storage.access import Reader, check_read, check_write
+from jobs.storage import paths, quota
+from jobs.storage.access import Reader, check_read, check_write, may_write
 from jobs.storage.base import Backend, Entry
-from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
+from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded
+from jobs.storage.registry import storage_for_backend
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
 
 __all__ = [
-    "Backend", "Entry", "Reader", "StorageAccessDenied", "StorageError", "StorageNotFound",
-    "backend", "canonical_uri", "check_job_paths", "ensure_output_dir", "locate", "parse_auth_file",
-    "read_small_file", "reader_for", "stage_tree", "to_uri", "upload_tree",
+    "Backend", "Entry", "Reader", "StorageAccessDenied", "StorageError", "StorageNotFound", "StorageQuotaExceeded",
+    "backend", "backend_for", "canonical_uri", "check_job_paths", "ensure_home", "ensure_output_dir", "locate",
+    "parse_auth_file",
+    "read_small_file", "reader_for", "room_at", "stage_tree", "to_uri", "upload_tree",
 ]
 
 _lock = threading.Lock()
@@ -45,18 +56,31 @@ _backends: dict[tuple, Backend] = {}
 
 def backend() -> Backend:
     """The configured backend (one per configuration, made on first use)."""
-    key = (settings.STORAGE_BACKEND, str(settings.STORAGE_LOCAL_ROOT), settings.WEBHDFS_URL, settings.WEBHDFS_USER)
+    kind = storage_for_backend(settings.STORAGE_BACKEND)
+    values = kind.settings_of(settings)
+    key = (kind.scheme, *values.values())
     with _lock:
         if key not in _backends:
-            if settings.STORAGE_BACKEND == "webhdfs":
-                from jobs.storage.webhdfs import WebHdfsBackend
-
-                _backends[key] = WebHdfsBackend(settings.WEBHDFS_URL, user=settings.WEBHDFS_USER)
-            else:
-                from jobs.storage.local import LocalBackend
-
-                _backends[key] = LocalBackend(Path(settings.STORAGE_LOCAL_ROOT))
+            _backends[key] = kind.make(values)
         return _backends[key]
+
+
+def backend_for(reader: Reader | None) -> Backend:
+    """The backend acting for `reader`: on HDFS its requests run as that user
+    (doas), so HDFS refuses what its permissions refuse. Admins, and the
+    portal itself (None), act as the service user."""
+    if reader is None or reader.is_admin:
+        return backend()
+    return backend().as_user(reader.name)
+
+
+def ensure_home(reader: Reader, path: str) -> None:
+    """Make the reader's own top folder that `path` lies in (/<user> or
+    /Output/<user>) when missing: users cannot make folders at the top, so
+    the portal makes these for them, owned by them (Backend.make_home)."""
+    for top in (reader.home, reader.output_home):
+        if (path == top or path.startswith(top + "/")) and may_write(reader, top) and backend().stat(top) is None:
+            backend().make_home(top, owner=reader.name)
 
 
 def locate(value: str, *, user_name: str | None = None) -> str:
@@ -106,9 +130,9 @@ def check_job_paths(*, user_name: str, is_admin: bool, spec: JobSpec) -> list[tu
             path = locate(value, user_name=user_name)
             (check_write if write else check_read)(reader, path)
             if field == "codeDir":
-                _check_folder(path)
+                _check_folder(path, store=backend_for(reader))
             elif field == "authFile":
-                parse_auth_file(_read_limited(path, max_bytes=64 * 1024))
+                parse_auth_file(_read_limited(path, max_bytes=64 * 1024, store=backend_for(reader)))
         except StorageNotFound:
             problems.append((field, f"{to_uri(path)} does not exist; expected {_EXPECTED[field]}"))
         except StorageError as exc:
@@ -119,46 +143,68 @@ def check_job_paths(*, user_name: str, is_admin: bool, spec: JobSpec) -> list[tu
 _EXPECTED = {"codeDir": "an existing folder", "authFile": "a file of three lines: registry, username, password"}
 
 
-def _check_folder(path: str) -> None:
-    if not backend().require(path).is_dir:
+def _check_folder(path: str, *, store: Backend) -> None:
+    if not store.require(path).is_dir:
         raise StorageError(f"{to_uri(path)} is a file; expected a folder")
+    store.list(path)  # the node will list it as the job's owner: HDFS may refuse that where a stat passes
 
 
-def ensure_output_dir(*, user_name: str, uri: str) -> None:
+def ensure_output_dir(*, user_name: str, uri: str, is_admin: bool = False) -> None:
     """Make outputDir when missing (submission already checked access)."""
+    reader = reader_for(user_name=user_name, is_admin=is_admin)
     path = locate(uri, user_name=user_name)
-    entry = backend().stat(path)
+    ensure_home(reader, path)
+    store = backend_for(reader)
+    entry = store.stat(path)
     if entry is not None and not entry.is_dir:
         raise StorageError(f"{to_uri(path)} is a file; expected a folder")
     if entry is None:
-        backend().mkdir(path)
+        store.mkdir(path)
 
 
 # ------------------------------------------------------------------- the node
 
-def stage_tree(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = None) -> int:
+def stage_tree(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = None,
+               reader: Reader | None = None) -> int:
     """Copy the folder at `uri` into the local folder `dest` (the node's code
     cache). With local storage the node reads STORAGE_LOCAL_ROOT directly:
     portal and nodes share one machine."""
-    return backend().download_tree(locate(uri, user_name=user_name), dest, max_bytes=max_bytes)
+    return backend_for(reader).download_tree(locate(uri, user_name=user_name), dest, max_bytes=max_bytes)
 
 
-def upload_tree(src: Path, uri: str, *, user_name: str | None = None) -> int:
-    """Copy a local folder's contents into `uri` (made when missing)."""
-    return backend().upload_tree(src, locate(uri, user_name=user_name))
+def upload_tree(src: Path, uri: str, *, user_name: str | None = None, reader: Reader | None = None) -> int:
+    """Copy a local folder's contents into `uri` (made when missing), if it
+    fits in the quota of the user whose folder that is (else
+    StorageQuotaExceeded, and nothing is copied)."""
+    path = locate(uri, user_name=user_name)
+    owner = quota.owner_of(path)
+    files = [f for f in src.rglob("*") if f.is_file() and not f.is_symlink()]
+    size = sum(f.stat().st_size for f in files)
+    quota.check_room(owner, adding_bytes=size, adding_files=len(files))
+    if reader is not None:
+        ensure_home(reader, path)
+    copied = backend_for(reader).upload_tree(src, path)
+    quota.note_written(owner, added_bytes=copied, added_files=len(files))
+    return copied
 
 
-def read_small_file(uri: str, *, max_bytes: int, user_name: str | None = None) -> bytes:
-    return _read_limited(locate(uri, user_name=user_name), max_bytes=max_bytes)
+def room_at(uri: str, *, user_name: str | None = None) -> tuple[int, int] | None:
+    """(bytes, files) the owner of `uri` may still store; None: no quota."""
+    room = quota.room_for(quota.owner_of(locate(uri, user_name=user_name)))
+    return None if room is None else (room.bytes, room.files)
 
 
-def _read_limited(path: str, *, max_bytes: int) -> bytes:
-    entry = backend().require(path)
+def read_small_file(uri: str, *, max_bytes: int, user_name: str | None = None, reader: Reader | None = None) -> bytes:
+    return _read_limited(locate(uri, user_name=user_name), max_bytes=max_bytes, store=backend_for(reader))
+
+
+def _read_limited(path: str, *, max_bytes: int, store: Backend) -> bytes:
+    entry = store.require(path)
     if entry.is_dir:
         raise StorageError(f"{to_uri(path)} is a folder; expected a file")
     if entry.size > max_bytes:
         raise StorageError(f"{to_uri(path)} is larger than {max_bytes} bytes")
-    with backend().open_read(path, entry=entry) as stream:
+    with store.open_read(path, entry=entry) as stream:
         data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise StorageError(f"{to_uri(path)} is larger than {max_bytes} bytes")

@@ -6,6 +6,7 @@ the caller; backends only make sure a path cannot leave their own root.
 
 from __future__ import annotations
 
+import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from jobs.storage.errors import StorageError, StorageNotFound
-from jobs.storage.paths import join
 
 CHUNK = 1024 * 1024
 
@@ -65,6 +65,20 @@ class Backend(ABC):
     def delete(self, path: str, *, recursive: bool = False) -> bool:
         """Remove a file or folder; False when nothing was there."""
 
+    # ------------------------------------------- storage that knows its users
+
+    def as_user(self, name: str) -> Backend:
+        """This storage with every request made as the user `name`, where the
+        storage checks its users' permissions itself (HDFS: doas=<name>); the
+        same backend where it does not (local disk)."""
+        return self
+
+    def make_home(self, path: str, *, owner: str) -> None:
+        """Make a user's own top folder (/<user>, /Output/<user>), owned by
+        `owner` and closed to others where the storage has owners; made by
+        this (the portal's own) backend. Fine if it exists."""
+        self.mkdir(path)
+
     # ------------------------------------------------------- built on the above
 
     def require(self, path: str) -> Entry:
@@ -108,6 +122,17 @@ class Backend(ABC):
                 for relative, inner in self.walk(entry.path):
                     yield f"{entry.name}/{relative}", inner
 
+    def usage(self, path: str) -> tuple[int, int]:
+        """(bytes, files) under a folder; (0, 0) when it does not exist. For
+        quotas (quota.py); backends answer it more cheaply where they can."""
+        entry = self.stat(path)
+        if entry is None:
+            return 0, 0
+        if not entry.is_dir:
+            return entry.size, 1
+        files = [inner for _relative, inner in self.walk(path) if not inner.is_dir]
+        return sum(f.size for f in files), len(files)
+
     def download_tree(self, path: str, dest: Path, *, max_bytes: int) -> int:
         """Copy a folder into the local folder `dest`, refusing past max_bytes."""
         if not self.require(path).is_dir:
@@ -134,7 +159,8 @@ class Backend(ABC):
         for local in sorted(src.rglob("*")):
             if local.is_symlink():
                 continue
-            target = join(path, local.relative_to(src).as_posix())
+            # A path relative to `src` has no "." or ".." parts: a plain join is normal.
+            target = posixpath.join(path, local.relative_to(src).as_posix())
             if local.is_dir():
                 self.mkdir(target)
             elif local.is_file():

@@ -12,3 +12,7 @@ class StorageAccessDenied(StorageError):
 
 class StorageNotFound(StorageError):
     """No file or folder at that path."""
+
+
+class StorageQuotaExceeded(StorageError):
+    """A write would take a user past their storage quota (quota.py)."""

@@ -1,7 +1,8 @@
 """What the storage page does for a signed-in user, with access checks.
 
 Views call these and nothing below them; every function takes the Reader
-(who is asking) and storage paths already located with `storage.locate`.
+(who is asking) and storage paths already located with `storage.locate`,
+and works through `storage.backend_for(reader)`: on HDFS as that user.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from jobs import storage
-from jobs.storage import access, paths
+from jobs.storage import access, paths, quota
 from jobs.storage.access import Reader
 from jobs.storage.base import Entry
 from jobs.storage.errors import StorageError, StorageNotFound
@@ -43,8 +44,7 @@ class Folder:
 def home_of(reader: Reader) -> str:
     """Where the page opens: the home (made on first visit), else /Output/<user>."""
     home = reader.home if access.may_write(reader, reader.home) else reader.output_home
-    if storage.backend().stat(home) is None:
-        storage.backend().mkdir(home)
+    storage.ensure_home(reader, home)
     return home
 
 
@@ -55,10 +55,11 @@ def crumbs(path: str) -> list[Crumb]:
 
 def folder_open(reader: Reader, path: str) -> Folder:
     access.check_read(reader, path)
-    entry = storage.backend().stat(path)
+    backend = storage.backend_for(reader)
+    entry = backend.stat(path)
     if entry is not None and not entry.is_dir:
         raise StorageError(f"{path} is a file; download it instead")
-    entries = [] if entry is None else storage.backend().list(path)
+    entries = [] if entry is None else backend.list(path)
     entries = sorted((e for e in entries if access.may_read(reader, e.path)), key=lambda e: (not e.is_dir, e.name.lower()))
     writable = access.may_write(reader, path)
     return Folder(path=path, uri=storage.to_uri(path), exists=entry is not None, entries=entries, crumbs=crumbs(path),
@@ -76,10 +77,11 @@ def _name(name: str, what: str) -> str:
 def folder_create(reader: Reader, folder: str, name: str) -> str:
     path = paths.join(folder, _name(name, "folder")) if name else folder
     access.check_write(reader, path)
-    existing = storage.backend().stat(path)
-    if existing is not None:
+    backend = storage.backend_for(reader)
+    if backend.stat(path) is not None:
         raise StorageError(f"{path} already exists")
-    storage.backend().mkdir(path)
+    storage.ensure_home(reader, path)
+    backend.mkdir(path)  # fine when `path` is the home ensure_home just made
     return path
 
 
@@ -90,7 +92,8 @@ def files_save(reader: Reader, folder: str, items: list[tuple[str, BinaryIO]], *
     targets = [(paths.join(folder, _name(relative, "file")), stream) for relative, stream in items]
     if not targets:
         raise StorageError("no files were sent")
-    backend = storage.backend()
+    storage.ensure_home(reader, folder)
+    backend = storage.backend_for(reader)
     conflicts = []
     for path, _ in targets:
         access.check_write(reader, path)
@@ -100,9 +103,36 @@ def files_save(reader: Reader, folder: str, items: list[tuple[str, BinaryIO]], *
     if conflicts:
         shown = ", ".join(conflicts[:5]) + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
         raise FileConflict(f"already there: {shown}; tick \"replace existing files\" to overwrite them")
+    added = _check_quota(backend, targets)
     for path, stream in targets:
         backend.write(path, stream, overwrite=overwrite)
+    for owner, (size, count) in added.items():
+        quota.note_written(owner, added_bytes=size, added_files=count)
     return [path for path, _ in targets]
+
+
+def _check_quota(backend: storage.Backend, targets: list[tuple[str, BinaryIO]]) -> dict[str | None, tuple[int, int]]:
+    """What the upload adds per quota owner (a replaced file counts as the
+    difference); raises StorageQuotaExceeded before anything is written."""
+    added: dict[str | None, tuple[int, int]] = {}
+    for path, stream in targets:
+        existing = backend.stat(path)
+        size, count = added.get(quota.owner_of(path), (0, 0))
+        grows = _stream_size(stream) - (existing.size if existing else 0)
+        added[quota.owner_of(path)] = (size + grows, count + (existing is None))
+    for owner, (size, count) in added.items():
+        quota.check_room(owner, adding_bytes=size, adding_files=count)
+    return added
+
+
+def _stream_size(stream: BinaryIO) -> int:
+    size = getattr(stream, "size", None)  # Django's uploaded files
+    if size is not None:
+        return int(size)
+    position = stream.tell()
+    size = stream.seek(0, 2) - position
+    stream.seek(position)
+    return size
 
 
 class FileConflict(StorageError):
@@ -111,18 +141,22 @@ class FileConflict(StorageError):
 
 def file_read(reader: Reader, path: str) -> tuple[Entry, Iterator[bytes]]:
     access.check_read(reader, path)
-    entry = storage.backend().require(path)
+    backend = storage.backend_for(reader)
+    entry = backend.require(path)
     if entry.is_dir:
         raise StorageError(f"{path} is a folder; expected a file")
-    return entry, storage.backend().iter_bytes(path, entry=entry)
+    return entry, backend.iter_bytes(path, entry=entry)
 
 
 def path_info(reader: Reader, path: str) -> Entry:
     access.check_read(reader, path)
-    return storage.backend().require(path)
+    return storage.backend_for(reader).require(path)
 
 
 def path_delete(reader: Reader, path: str) -> None:
     access.check_delete(reader, path)
-    if not storage.backend().delete(path, recursive=True):
-        raise StorageNotFound(f"{path} does not exist")
+    try:
+        if not storage.backend_for(reader).delete(path, recursive=True):
+            raise StorageNotFound(f"{path} does not exist")
+    finally:
+        quota.forget(quota.owner_of(path))

@@ -21,15 +21,18 @@ from typing import BinaryIO
 from jobs.storage.base import CHUNK, Backend, Entry
 from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
 from jobs.storage.paths import join
+from jobs.storage.registry import StorageKind, register_storage
 
 PARTIAL_PREFIX = ".pai-upload-"
+FILE_MODE = 0o640
+FOLDER_MODE = 0o750
 
 
 class LocalBackend(Backend):
     label = "local disk"
 
     def __init__(self, root: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
         self.root = root.resolve()
 
     def _real(self, path: str) -> Path:
@@ -92,7 +95,9 @@ class LocalBackend(Backend):
                 while chunk := stream.read(CHUNK):
                     out.write(chunk)
                     size += len(chunk)
-            os.chmod(temp, 0o644)  # containers may run as another user
+            # Users' files are the portal's alone (finding 12); the staged copy
+            # a container reads is made readable by the node (staging.py).
+            os.chmod(temp, FILE_MODE)
             if overwrite:
                 os.replace(temp, real)
             else:
@@ -106,10 +111,27 @@ class LocalBackend(Backend):
                 os.unlink(temp)
         return size
 
+    def usage(self, path: str) -> tuple[int, int]:
+        """One walk with os.scandir (no symlinks followed), summing sizes."""
+        total = files = 0
+        pending = [self._real(path)]
+        while pending:
+            try:
+                with os.scandir(pending.pop()) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append(Path(entry.path))
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+                            files += 1
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # gone meanwhile, or the path is a file (not a home)
+        return total, files
+
     def mkdir(self, path: str) -> None:
         real = self._real(path)
         try:
-            real.mkdir(parents=True, exist_ok=True)
+            real.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise StorageError(f"cannot make folder {path}: a file is in the way") from None
         except OSError as exc:
@@ -140,3 +162,10 @@ def _error(path: str, exc: OSError) -> StorageError:
     if isinstance(exc, PermissionError):
         return StorageAccessDenied(f"the storage folder refuses access to {path}")
     return StorageError(f"{path}: {exc.strerror or exc}")
+
+
+register_storage(StorageKind(
+    scheme="file", backend="local", label=LocalBackend.label, where="on its own disk", names_host=False,
+    default_fs_uri="file://", fs_uri_hint="file:// (or leave it empty)",
+    settings=("STORAGE_LOCAL_ROOT",), make=lambda values: LocalBackend(Path(values["STORAGE_LOCAL_ROOT"])),
+))

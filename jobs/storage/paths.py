@@ -4,7 +4,7 @@ Every place the portal touches storage works with a *storage path*: an
 absolute POSIX path in the storage's own namespace ("/alice/code"), never a
 host path. Users may write any of these (the README has the table):
 
-- a URI of the configured backend:
+- a URI of the configured backend (its kind in registry.py says how they read):
     local   file:///alice/code, file:/alice/code (what "$PAI_DEFAULT_FS_URI/alice/code"
             gives with the default "file://"), file://localhost/alice/code
     webhdfs hdfs://namenode:9000/alice/code (same authority as PAI_DEFAULT_FS_URI),
@@ -22,21 +22,13 @@ from __future__ import annotations
 
 import posixpath
 import re
-from urllib.parse import urlsplit
 
 from jobs.storage.errors import StorageError
+from jobs.storage.registry import StorageKind, storage_for_backend
 
 ROOT = "/"
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def scheme_of(backend: str) -> str:
-    return "file" if backend == "local" else "hdfs"
-
-
-def _authority(uri: str) -> str:
-    return urlsplit(uri).netloc.lower()
 
 
 def normalize(path: str, *, typed: str | None = None) -> str:
@@ -58,26 +50,20 @@ def parent(path: str) -> str:
     return posixpath.dirname(path) or ROOT
 
 
-def _uri_path(value: str, *, backend: str, default_fs_uri: str) -> str:
+def _uri_path(value: str, *, kind: StorageKind, default_fs_uri: str) -> str:
     scheme = _SCHEME_RE.match(value).group(1).lower()
-    expected = scheme_of(backend)
-    if scheme != expected:
-        if backend == "local":
-            raise StorageError(
-                f'"{value}": this portal keeps files on its own disk; expected file:///<path> '
-                "(or a path such as /<you>/code)"
-            )
-        raise StorageError(f'"{value}": this portal keeps files on HDFS; expected {default_fs_uri}/<path> '
+    root = kind.root(default_fs_uri)
+    if scheme != kind.scheme:
+        raise StorageError(f'"{value}": this portal keeps files {kind.where}; expected {root}/<path> '
                            "(or a path such as /<you>/code)")
     rest = value[len(scheme) + 1:]
     if rest.startswith("//"):
         authority, _, path = rest[2:].partition("/")
         path = "/" + path
-        allowed = {""} | ({"localhost"} if scheme == "file" else {_authority(default_fs_uri)})
-        if authority.lower() not in allowed:
-            if scheme == "file":
-                raise StorageError(f'"{value}": a file:// URI names no host; write file:///{authority}{path.rstrip("/")}')
-            raise StorageError(f'"{value}": that is not this cluster\'s HDFS; expected {default_fs_uri}/<path>')
+        if authority.lower() not in kind.hosts(default_fs_uri):
+            if kind.names_host:
+                raise StorageError(f'"{value}": that is not this cluster\'s {kind.label}; expected {root}/<path>')
+            raise StorageError(f'"{value}": a {scheme}:// URI names no host; write {root}/{authority}{path.rstrip("/")}')
         return path
     if not rest.startswith("/"):
         raise StorageError(f'"{value}": expected an absolute path after "{scheme}:", e.g. {scheme}:///<you>/code')
@@ -90,7 +76,7 @@ def to_path(value: str, *, backend: str, default_fs_uri: str, user_name: str | N
     if not value:
         raise StorageError("the path is empty")
     if _SCHEME_RE.match(value) and not value.startswith("/"):
-        path = _uri_path(value, backend=backend, default_fs_uri=default_fs_uri)
+        path = _uri_path(value, kind=storage_for_backend(backend), default_fs_uri=default_fs_uri)
     elif value.startswith("/"):
         path = value
     else:
@@ -102,6 +88,4 @@ def to_path(value: str, *, backend: str, default_fs_uri: str, user_name: str | N
 
 def to_uri(path: str, *, backend: str, default_fs_uri: str) -> str:
     """The URI users put in a job config for a storage path."""
-    if backend == "local":
-        return "file://" + path
-    return default_fs_uri.rstrip("/") + path
+    return storage_for_backend(backend).root(default_fs_uri) + path

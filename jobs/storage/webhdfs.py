@@ -1,27 +1,33 @@
 """HDFS through WebHDFS (HdfsCLI's InsecureClient): the only module that
 imports `hdfs`.
 
-Every request carries user.name=WEBHDFS_USER (simple authentication); the
-portal's own access rules (access.py) decide what each portal user may touch,
-and HDFS permissions apply to that one service user. Kerberos (SPNEGO) and
-delegation tokens are not supported.
+Every request carries user.name=WEBHDFS_USER (simple authentication), the
+portal's service user. What a portal user does runs as that user: the
+portal is a Hadoop proxy user and adds doas=<user> (as_user), so HDFS
+checks its own permissions too, beside the portal's rules (access.py).
+Homes are made by the service user, which must be an HDFS superuser to give
+them to their users (make_home). Portal admins act as the service user.
+Kerberos (SPNEGO) and delegation tokens are not supported.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 import requests
 from hdfs import HdfsError, InsecureClient
+from requests.adapters import HTTPAdapter
 
 from jobs.storage.base import Backend, Entry
-from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
-from jobs.storage.paths import join
+from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded
+from jobs.storage.paths import ROOT, join, parent
+from jobs.storage.registry import StorageKind, register_storage
 
 # (connect, read) seconds: a namenode that does not answer must not hang a
 # page or a task start for minutes.
@@ -31,9 +37,43 @@ TIMEOUT = (5, 120)
 class WebHdfsBackend(Backend):
     label = "HDFS"
 
-    def __init__(self, url: str, *, user: str) -> None:
-        self.url = url
-        self.client = InsecureClient(url, user=user, timeout=TIMEOUT)
+    def __init__(self, url: str, *, user: str, doas: str | None = None, adapter: HTTPAdapter | None = None) -> None:
+        self.url, self.user, self.doas = url, user, doas
+        # One connection pool for the service user and everyone it acts for.
+        self._adapter = adapter or HTTPAdapter(pool_connections=4, pool_maxsize=32)
+        session = requests.Session()
+        session.mount("http://", self._adapter)
+        session.mount("https://", self._adapter)
+        # HdfsCLI adds user.name to these params; requests send them on every
+        # request, the datanode's after the namenode's redirect too.
+        session.params = {"doas": doas} if doas else {}
+        self.client = InsecureClient(url, user=user, timeout=TIMEOUT, session=session)
+        self._acting: dict[str, WebHdfsBackend] = {}
+        self._acting_lock = threading.Lock()
+
+    def as_user(self, name: str) -> WebHdfsBackend:
+        if self.doas is not None:
+            raise ValueError("as_user is asked of the service user's backend")
+        if name == self.user:
+            # doas=<service user> would give a portal user its superuser rights.
+            raise StorageAccessDenied(f"the portal user {name} has the name of the HDFS service user (WEBHDFS_USER) "
+                                      "and cannot use HDFS; an admin must rename one of them")
+        with self._acting_lock:
+            if name not in self._acting:
+                self._acting[name] = WebHdfsBackend(self.url, user=self.user, doas=name, adapter=self._adapter)
+            return self._acting[name]
+
+    def make_home(self, path: str, *, owner: str) -> None:
+        """Made by the service user, then given to `owner` (SETOWNER needs an
+        HDFS superuser), 0700. Its parent (/Output) is made first with the
+        usual 0755: made implicitly it would get 0700 as well."""
+        with self._errors(path):
+            if self.client.status(path, strict=False) is not None:
+                return
+            if parent(path) != ROOT:
+                self.client.makedirs(parent(path))
+            self.client.makedirs(path, permission="700")
+            self.client.set_owner(path, owner=owner)
 
     @contextmanager
     def _errors(self, path: str) -> Iterator[None]:
@@ -72,6 +112,14 @@ class WebHdfsBackend(Backend):
             self.client.write(path, data=_body(stream), overwrite=overwrite)
             status = self.client.status(path)
         return int(status["length"])
+
+    def usage(self, path: str) -> tuple[int, int]:
+        """The namenode's content summary (GETCONTENTSUMMARY): one request."""
+        with self._errors(path):
+            summary = self.client.content(path, strict=False)
+        if summary is None:
+            return 0, 0
+        return int(summary["length"]), int(summary["fileCount"])
 
     def mkdir(self, path: str) -> None:
         with self._errors(path):
@@ -122,8 +170,14 @@ def _translate(path: str, exc: HdfsError) -> StorageError:
     kind = getattr(exc, "exception", None) or ""
     if kind == "FileNotFoundException":
         return StorageNotFound(f"{path} does not exist")
+    if kind == "AuthorizationException":  # the proxy-user settings do not let the portal act for this user
+        return StorageAccessDenied(f"HDFS does not let the portal act for this user at {path}: {exc.message}")
     if kind in ("AccessControlException", "SecurityException") or "Authentication failure" in str(exc):
         return StorageAccessDenied(f"HDFS refuses access to {path}: {exc.message}")
+    if kind in ("DSQuotaExceededException", "NSQuotaExceededException"):
+        return StorageQuotaExceeded(f"HDFS's own quota refuses {path}: {exc.message}")
+    if "safe mode" in (exc.message or ""):  # a namenode starting up: read-only for a while
+        return StorageError(f"HDFS is starting up (safe mode) and cannot change {path} yet; try again in a minute")
     if kind == "FileAlreadyExistsException":
         return StorageError(f"{path} already exists")
     if kind == "ParentNotDirectoryException":
@@ -131,3 +185,17 @@ def _translate(path: str, exc: HdfsError) -> StorageError:
     if kind == "PathIsNotEmptyDirectoryException":
         return StorageError(f"{path} is not empty")
     return StorageError(f"HDFS could not handle {path}: {exc.message}")
+
+
+def _check(values: Mapping[str, Any]) -> str | None:
+    if not values["WEBHDFS_URL"].startswith(("http://", "https://")):
+        return "STORAGE_BACKEND=webhdfs needs WEBHDFS_URL, e.g. http://namenode:9870"
+    return None
+
+
+register_storage(StorageKind(
+    scheme="hdfs", backend="webhdfs", label=WebHdfsBackend.label, where="on HDFS", names_host=True,
+    default_fs_uri="hdfs://namenode:9000", fs_uri_hint="hdfs://<namenode>:<rpc port>, e.g. hdfs://namenode:9000",
+    settings=("WEBHDFS_URL", "WEBHDFS_USER"), check=_check,
+    make=lambda values: WebHdfsBackend(values["WEBHDFS_URL"], user=values["WEBHDFS_USER"]),
+))

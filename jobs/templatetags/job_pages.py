@@ -1,7 +1,8 @@
 """Small formatting helpers for the job and cluster pages.
 
-Times are rendered as <time datetime="ISO"> with a UTC fallback text;
-static/jobs/portal.js rewrites them in the reader's own time zone. Durations
+The words themselves (sizes, durations, outcomes) are jobs/formatting.py's,
+registered here as filters. Times are rendered as <time datetime="ISO"> with
+a UTC fallback text; static/jobs/portal.js rewrites them in the reader's own time zone. Durations
 carry their start and end so the page can keep a running one ticking without
 asking the server.
 """
@@ -9,16 +10,26 @@ asking the server.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime
 from datetime import timezone as dt_timezone
+from typing import Any
 
 from django import template
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from jobs.models import ExitType, Job, JobAttempt, TaskAttempt
+from jobs import formatting
+from jobs.formatting import duration_text
 
 register = template.Library()
+
+register.filter("duration_text", formatting.duration_text)
+register.filter("mb", formatting.mb)
+register.filter("num", formatting.num)
+register.filter("percent_of", formatting.percent_of)
+register.filter("exit_words", formatting.exit_words)
+register.filter("short_id", formatting.short_id)
 
 
 @register.simple_tag
@@ -27,23 +38,6 @@ def local_time(moment: datetime | None, empty: str = "—") -> str:
         return format_html('<span class="muted">{}</span>', empty)
     utc = moment.astimezone(dt_timezone.utc)
     return format_html('<time datetime="{}">{} UTC</time>', utc.isoformat(), utc.strftime("%Y-%m-%d %H:%M:%S"))
-
-
-@register.filter
-def duration_text(value: timedelta | None) -> str:
-    if value is None:
-        return "—"
-    seconds = max(0, int(value.total_seconds()))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h {minutes:02d}m"
-    if hours:
-        return f"{hours}h {minutes:02d}m {seconds:02d}s"
-    if minutes:
-        return f"{minutes}m {seconds:02d}s"
-    return f"{seconds}s"
 
 
 @register.simple_tag
@@ -66,50 +60,9 @@ def ago(moment: datetime | None) -> str:
 
 
 @register.filter
-def mb(value: float | int | None) -> str:
-    """Memory in MB as people read it."""
-    if value is None:
-        return "—"
-    if value >= 1024:
-        return f"{value / 1024:.1f} GB".replace(".0 GB", " GB")
-    return f"{value:.0f} MB"
-
-
-@register.filter
-def num(value: float | int | None) -> str:
-    """A resource amount: whole numbers without decimals, others with one."""
-    if value is None:
-        return "—"
-    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
-
-
-@register.filter
-def percent_of(used: float, total: float) -> int:
-    if not total:
-        return 0
-    return max(0, min(100, round(100 * used / total)))
-
-
-@register.filter
-def exit_words(item: Job | JobAttempt | TaskAttempt) -> str:
-    """An ended job, attempt or task's outcome in words: what happened, the
-    exit code when it means something, and the recorded reason."""
-    if not item.exit_type and not item.exit_reason:
-        return ""
-    words = ExitType(item.exit_type).label if item.exit_type else ""
-    if item.exit_type == ExitType.SUCCEEDED:
-        words = "completed successfully"
-    if item.exit_code not in (None, 0) or item.exit_type == ExitType.USER_EXIT:
-        words += f" (exit code {item.exit_code})"
-    reason = (item.exit_reason or "").strip()
-    if reason and reason.lower() not in words.lower():
-        words = f"{words}: {reason}" if words else reason
-    return words[:1].upper() + words[1:]
-
-
-@register.filter
-def short_id(container_id: str) -> str:
-    return container_id[:12]
+def get_item(mapping: Mapping[Any, Any] | None, key: Any) -> Any:
+    """`mapping|get_item:key`: what the view put under `key`, or None."""
+    return mapping.get(key) if mapping else None
 
 
 @register.filter

@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from jobs.models import Job, TaskAttempt
-from jobs.services import access
+from jobs.services import access, webports
 from jobs.views.jobs import job_for_user
 
 # The add-key form's input survives the redirect back to the profile page
@@ -33,12 +33,31 @@ def terminal(request: HttpRequest, job_id: int, attempt_id: int) -> HttpResponse
     return render(request, "jobs/terminal.html", {"job": job, "attempt": attempt, "running": running})
 
 
+def web_port(request: HttpRequest, job_id: int, attempt_id: int, port: int) -> HttpResponse:
+    """Into a task's web port through the portal's proxy: a redirect to the
+    task's own host name with a one-time ticket (jobs/services/webports.py),
+    for the job's owner or an admin; `?next=` is the path to land on."""
+    job = job_for_user(request, job_id)
+    attempt = get_object_or_404(TaskAttempt, pk=attempt_id, job=job)
+    try:
+        url = webports.web_port_enter_url(user=request.user, attempt_id=attempt.pk, port=port,
+                                          next_path=request.GET.get("next", "/"), secure=request.is_secure(),
+                                          portal_host=request.get_host())
+    except webports.WebPortUnavailable as exc:
+        messages.error(request, f"Could not open port {port}: {exc}.")
+        return redirect("jobs:detail", job.pk)
+    response = redirect(url)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 def ssh_key(request: HttpRequest, job_id: int) -> HttpResponse:
     """The job's private key, for its owner only (not even admins)."""
     job = get_object_or_404(Job, pk=job_id)
-    if job.owner_id != request.user.pk or not job.ssh_private_key:
+    key = access.job_private_key(job=job, user=request.user)
+    if key is None:
         raise Http404("no such job")
-    response = HttpResponse(job.ssh_private_key, content_type="application/x-pem-file")
+    response = HttpResponse(key, content_type="application/x-pem-file")
     response["Content-Disposition"] = f'attachment; filename="{access.ssh_key_file_name(job)}"'
     response["Cache-Control"] = "no-store"
     return response
@@ -78,8 +97,9 @@ def ssh_key_delete(request: HttpRequest, key_id: int) -> HttpResponse:
 
 
 def ssh_keys_panel_context(request: HttpRequest) -> dict:
-    """What templates/jobs/partials/profile_ssh_keys.html shows (used by its
-    template tag, so the profile view needs to know nothing about it)."""
+    """What templates/jobs/partials/profile_ssh_keys.html shows, for the
+    profile view. A refused key's draft is shown once: this takes it out of
+    the session."""
     draft = request.session.pop(SSH_KEY_DRAFT, None) or {}
     form = SshKeyForm(initial=draft.get("data") or None)
     return {"ssh_keys": list(request.user.ssh_keys.all()), "ssh_key_form": form,

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_GET
 
 from jobs import services
 from jobs.models import ACTIVE_TASK_STATES, TaskAttempt, VirtualCluster
+from jobs.services import limits
 
 TASKS_LISTED_PER_NODE = 8
 
@@ -16,7 +17,8 @@ TASKS_LISTED_PER_NODE = 8
 @require_GET
 def virtual_clusters(request: HttpRequest) -> HttpResponse:
     allowed = set(VirtualCluster.objects.usable_by(request.user).values_list("name", flat=True))
-    return render(request, "jobs/virtual_clusters.html", {"vcs": services.vc_usage(), "allowed": allowed})
+    return render(request, "jobs/virtual_clusters.html", {"vcs": services.vc_usage(), "allowed": allowed,
+                                                          "my_limits": limits.limits_of(user=request.user)})
 
 
 @require_GET

@@ -1,5 +1,5 @@
 """Job pages: the list (with live rows and bulk stop), a job's page (with its
-live summary and task tables), stopping, and config downloads.
+live summary and task tables), stopping, tags, and config downloads.
 
 Logs have their own module (jobs/views/job_logs.py). Every view finds the
 job through `Job.objects.visible_to`, so another user's job is a 404.
@@ -19,7 +19,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from jobs import services
 from jobs.models import Job, JobAttempt, State, Stream, Task, TaskAttempt
-from jobs.services import access, listing
+from jobs.services import access, listing, tags
+from jobs.services.storage_links import job_storage_links
+from jobs.spec import TaskRoleSpec, protocol_of
 
 
 def job_for_user(request: HttpRequest, job_id: int) -> Job:
@@ -101,8 +103,7 @@ class TaskRow:
 
 @dataclass(frozen=True)
 class RoleTable:
-    name: str
-    config: dict
+    role: TaskRoleSpec
     rows: list[TaskRow]
 
 
@@ -113,13 +114,13 @@ def _role_tables(job: Job, number: int, attempts: list[TaskAttempt]) -> list[Rol
     for task in job.tasks.order_by("role", "index"):  # through `job`: each task knows its job without a query
         tasks.setdefault(task.role, []).append(task)
     tables = []
-    for role in job.config.get("taskRoles", []):
+    for role in job.spec.task_roles:
         rows = []
-        for task in tasks.get(role["name"], []):
+        for task in tasks.get(role.name, []):
             attempt = by_task.get(task.pk)
             rows.append(TaskRow(task, attempt, access.port_links(attempt) if attempt else [],
                                 bool(attempt and attempt.node and attempt.node.gpus_simulated)))
-        tables.append(RoleTable(role["name"], role, rows))
+        tables.append(RoleTable(role, rows))
     return tables
 
 
@@ -154,6 +155,8 @@ def _detail_context(request: HttpRequest, job: Job) -> dict:
         "job_attempts": job_attempts,
         "shown_number": number,
         "role_tables": _role_tables(job, number, attempts),
+        "task_access": access.tasks_access(job=job, attempts=[a for a in attempts if a.number == number],
+                                           user=request.user),
         "log_groups": _log_choices(job_attempts, attempts),
         "queue_position": services.queue_position(job) if waiting else None,
         "never_fits": services.never_fits_reason(job) if waiting else None,
@@ -165,8 +168,12 @@ def _detail_context(request: HttpRequest, job: Job) -> dict:
 def detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_user(request, job_id)
     context = _detail_context(request, job)
-    context["config_raw"] = job.config_raw
-    context["config_normalized"] = json.dumps(job.config, indent=2, ensure_ascii=False)
+    context["storage_links"] = job_storage_links(job=job, user=request.user)
+    context["config_raw"] = job.config_raw  # a v2 job's YAML has its secrets masked when stored
+    context["config_is_yaml"] = protocol_of(job.config_raw) == 2
+    context["tags"] = list(job.tags.values_list("value", flat=True))
+    context["can_tag"] = job.owner_id == request.user.pk
+    context["config_normalized"] = json.dumps(job.spec.to_config(), indent=2, ensure_ascii=False)
     context["streams"] = [(s.label, s.label) for s in Stream]
     context["log_stream"] = request.GET.get("stream") if request.GET.get("stream") in Stream.labels else "stdout"
     context["log_attempt"] = request.GET.get("log", "")
@@ -194,6 +201,40 @@ def stop(request: HttpRequest, job_id: int) -> HttpResponse:
     return render(request, "jobs/stop_confirm.html", {"job": job})
 
 
+# ---------------------------------------------------------------------- tags
+
+
+def _owned_job(request: HttpRequest, job_id: int) -> Job:
+    """The job if it is the user's own (tags are the owner's, as in REST v2), else a 404."""
+    return get_object_or_404(Job, pk=job_id, owner=request.user)
+
+
+@require_POST
+def tag_add(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _owned_job(request, job_id)
+    value = request.POST.get("tag", "").strip()
+    try:
+        added = tags.job_tag_add(job=job, value=value)
+    except services.SubmitError as exc:
+        messages.error(request, f"Tag not added: {exc.message}.")
+    else:
+        messages.success(request, f'Tagged "{value}".' if added else f'{job.name} already has the tag "{value}".')
+    return redirect(reverse("jobs:detail", args=[job.pk]) + "#tags")
+
+
+@require_POST
+def tag_remove(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _owned_job(request, job_id)
+    value = request.POST.get("tag", "")
+    try:
+        removed = tags.job_tag_remove(job=job, value=value)
+    except services.SubmitError as exc:
+        messages.error(request, f"Tag not removed: {exc.message}.")
+    else:
+        messages.success(request, f'Removed the tag "{value}".' if removed else f'{job.name} has no tag "{value}".')
+    return redirect(reverse("jobs:detail", args=[job.pk]) + "#tags")
+
+
 def _is_plain_json(text: str) -> bool:
     try:
         json.loads(text)
@@ -206,14 +247,17 @@ def _is_plain_json(text: str) -> bool:
 def config_download(request: HttpRequest, job_id: int, kind: str) -> HttpResponse:
     """The config as submitted (comments kept) or as normalized, as a file."""
     job = job_for_user(request, job_id)
-    if kind == "submitted":
+    content_type = "application/json; charset=utf-8"
+    if kind == "submitted" and protocol_of(job.config_raw) == 2:  # v2 YAML, its secrets masked when stored
+        body, filename, content_type = job.config_raw, f"{job.name}.yaml", "text/yaml; charset=utf-8"
+    elif kind == "submitted":
         body = job.config_raw
         filename = f"{job.name}.json" if _is_plain_json(body) else f"{job.name}.jsonc"
     elif kind == "normalized":
-        body = json.dumps(job.config, indent=2, ensure_ascii=False) + "\n"
+        body = json.dumps(job.spec.to_config(), indent=2, ensure_ascii=False) + "\n"
         filename = f"{job.name}.json"
     else:
         raise Http404("no such config")
-    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response = HttpResponse(body, content_type=content_type)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

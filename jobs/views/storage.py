@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs import storage
+from jobs.services.storage_links import folder_url
 from jobs.storage import access, files, paths
 from jobs.storage.access import Reader
 
@@ -35,15 +36,13 @@ def _locate(request: HttpRequest, value: str) -> str:
 def _status(exc: storage.StorageError) -> int:
     if isinstance(exc, files.FileConflict):
         return 409
+    if isinstance(exc, storage.StorageQuotaExceeded):
+        return 413
     if isinstance(exc, storage.StorageAccessDenied):
         return 403
     if isinstance(exc, storage.StorageNotFound):
         return 404
     return 400
-
-
-def folder_url(path: str) -> str:
-    return reverse("jobs:storage") + "?" + urlencode({"path": path})
 
 
 def _back(folder: str) -> HttpResponseRedirect:

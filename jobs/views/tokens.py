@@ -15,7 +15,7 @@ from jobs.models import ApiToken
 from jobs.services import tokens
 
 # The new token travels to the profile page once, through the session, and
-# is removed from it when shown (see jobs/templatetags/api_tokens.py).
+# is removed from it when shown (tokens_panel_context).
 NEW_TOKEN = "api_token_new"
 LIFETIME_CHOICES = [(1, "1 day"), (7, "7 days"), (30, "30 days"), (90, "90 days"), (tokens.PAGE_MAX_DAYS, "1 year")]
 
@@ -52,6 +52,7 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 
 
 def tokens_panel_context(request: HttpRequest) -> dict:
-    """What templates/jobs/partials/profile_tokens.html shows."""
+    """What templates/jobs/partials/profile_tokens.html shows, for the
+    profile view; takes a new token out of the session (it is shown once)."""
     new = request.session.pop(NEW_TOKEN, None)
     return {"tokens": list(request.user.api_tokens.all()[:200]), "new_token": new, "form": TokenForm()}

@@ -1,9 +1,11 @@
-// Submit Job. The form is a view onto one config object; the JSON box shows
-// and edits the same config as text. All checking is the server's (the spec
-// parser in jobs/spec.py): as the user types, the page posts the config text
-// to the validate endpoint and shows each problem next to its field, or at
-// its line in the JSON box. Without this script the page is a plain textarea
-// that still submits.
+// Submit Job. The form is a view onto one config object; the config box shows
+// and edits the same config as text: v1 JSON or v2 YAML. All checking is the
+// server's (the spec parser in jobs/spec/): as the user types, the page posts
+// the config text to the validate endpoint and shows each problem next to its
+// field, or at its line in the config box. A v2 config shows in the form when
+// the form can say all of it (the server's view of it, in v1's field names);
+// form edits of it go to the server as the form's fields, and the YAML comes
+// back. Without this script the page is a plain textarea that still submits.
 (function () {
   "use strict";
 
@@ -36,7 +38,11 @@
   var state = {
     config: {},          // the whole config: what the form edits and shows
     raw: initial.text,   // the text as pasted, imported or stored, until the form edits it
-    broken: false,       // the text is not a JSON object, so the form cannot show it
+    protocol: initial.protocol || 1,  // 2: the text is OpenPAI v2 (YAML); form edits come back as YAML
+    lastText: initial.text,  // for a v2 draft edited in the form: the YAML of the last check
+    formNote: initial.formNote || "",  // why the form cannot show this config
+    otherText: initial.otherText, otherNote: initial.otherNote || "",  // the config in the other protocol
+    broken: false,       // the text is not a config the form can show
     problems: initial.problems || [],
     warnings: initial.warnings || [],
     showAll: false,      // show every problem, not only those of fields the user touched
@@ -51,7 +57,17 @@
 
   function isObject(value) { return value !== null && typeof value === "object" && !Array.isArray(value); }
 
-  function currentText() { return state.raw !== null ? state.raw : JSON.stringify(state.config, null, 2); }
+  function currentText() {
+    if (state.raw !== null) return state.raw;
+    return state.protocol === 2 ? state.lastText : JSON.stringify(state.config, null, 2);
+  }
+
+  // The text as it is now; for a v2 draft the form has edited, once the
+  // server has written the fields as YAML.
+  function textNow() {
+    if (state.raw !== null || state.protocol !== 2) return Promise.resolve(currentText());
+    return validateForm().then(function (result) { return result && result.text ? result.text : currentText(); });
+  }
 
   function parsePath(path) {
     var parts = [];
@@ -143,6 +159,11 @@
   function renderAll() {
     fields.disabled = state.broken;
     $("broken-banner").hidden = !state.broken;
+    $("broken-banner").textContent = state.formNote ? sentence(state.formNote)
+      : "This config is not valid JSON or YAML, so the form cannot show it. Fix it with the JSON / YAML button; nothing you typed is lost.";
+    formMode.classList.toggle("v2", state.protocol === 2);
+    $("v2-note").hidden = state.protocol !== 2 || state.broken;
+    renderExports();
     wire(formMode, "");
     renderRoles();
     renderEnvs();
@@ -388,7 +409,9 @@
 
   // ------------------------------------------------------------ problems
 
-  function visible(problem) { return state.showAll || state.touched[problem.path]; }
+  function fieldOf(problem) { return problem.field || problem.path; }
+
+  function visible(problem) { return state.showAll || state.touched[fieldOf(problem)]; }
 
   // The input or box a problem belongs to, nearest first.
   function targetFor(path, inputs) {
@@ -429,7 +452,7 @@
     var listed = [];
     state.problems.forEach(function (problem) {
       if (!visible(problem)) return;
-      var target = state.broken ? null : targetFor(problem.path, inputs);
+      var target = state.broken ? null : targetFor(fieldOf(problem), inputs);
       var item = { problem: problem, input: target && target.input };
       if (target && target.input) {
         var error = target.input.closest(".field").querySelector(".field-error");
@@ -514,13 +537,25 @@
 
   // --------------------------------------------------------------- server
 
+  // Check `text`; with no text, a v2 draft's form fields (the server
+  // answers with their YAML as result.text).
   function check(text) {
     var body = new URLSearchParams();
-    body.set("config", text);
+    if (text === null) {
+      body.set("config", "");
+      body.set("form", JSON.stringify(state.config));
+    } else {
+      body.set("config", text);
+    }
     return fetch(page.dataset.validateUrl, {
       method: "POST", body: body, credentials: "same-origin",
       headers: { "X-CSRFToken": csrf, "Accept": "application/json" }
     }).then(function (response) {
+      if (response.status === 429) {
+        var busy = new Error("too many checks");
+        busy.retryAfter = parseInt(response.headers.get("Retry-After"), 10) || 5;
+        throw busy;
+      }
       if (!response.ok) throw new Error("the server answered " + response.status);
       return response.json();
     });
@@ -529,6 +564,9 @@
   function applyResult(result) {
     state.problems = result.problems;
     state.warnings = result.warnings;
+    if (result.text) { state.lastText = result.text; hidden.value = result.text; }
+    if ("otherText" in result) { state.otherText = result.otherText; state.otherNote = result.otherNote; }
+    renderExports();
     if (result.panel) {
       $("vc-panel").innerHTML = result.panel;
     }
@@ -542,14 +580,22 @@
     state.timer = setTimeout(validateForm, 350);
   }
 
+  function formDraft() { return state.raw === null && state.protocol === 2 ? null : currentText(); }
+
   function validateForm() {
     clearTimeout(state.timer);
     var seq = ++state.seq;
-    return check(currentText()).then(function (result) {
+    return check(formDraft()).then(function (result) {
       if (seq === state.seq) applyResult(result);
       return result;
-    }, function () {
-      if (seq === state.seq) setStatus("Could not check the config just now; you can still submit.", "muted");
+    }, function (error) {
+      if (seq !== state.seq) return null;
+      if (error.retryAfter) {  // checked too often: check again when allowed
+        setStatus("Checking again in " + error.retryAfter + " s…", "muted");
+        state.timer = setTimeout(validateForm, error.retryAfter * 1000);
+      } else {
+        setStatus("Could not check the config just now; you can still submit.", "muted");
+      }
       return null;
     });
   }
@@ -569,12 +615,13 @@
   form.addEventListener("submit", function (event) {
     if (state.submitting) return;
     event.preventDefault();
-    var text = currentText();
+    var text = formDraft();
     submitButton.disabled = true;
     clearTimeout(state.timer);
     state.seq++;
     check(text).then(function (result) {
       submitButton.disabled = false;
+      if (result.text) text = result.text;
       if (result.problems.length && !state.broken) {
         state.showAll = true;
         applyResult(result);
@@ -583,7 +630,7 @@
       }
       if (result.problems.length) { openJson(text, result.problems); return; }
       submitText(text, "form");
-    }, function () { submitText(text, "form"); });
+    }, function () { submitText(currentText(), "form"); });
   });
 
   // ------------------------------------------------------------ JSON box
@@ -664,20 +711,25 @@
   }
 
   // Put `text` into the form. A config with problems still loads (they
-  // show next to the fields); text that is not a JSON object stays here.
+  // show next to the fields); text that is not a config stays here. A v2
+  // config the form cannot show is kept as it is, and the form says why.
   function loadText(text, announce) {
     jsonBusy(true);
     return check(text).then(function (result) {
       jsonBusy(false);
-      if (!result.syntaxOk || !isObject(result.value)) {
-        var problems = result.problems.length ? result.problems : [{ path: "", message: "a job config is a JSON object: { \"jobName\": ..., \"taskRoles\": [...] }" }];
+      var keptAsText = result.syntaxOk && result.protocol === 2 && result.formNote;
+      if (!keptAsText && (!result.syntaxOk || !isObject(result.value))) {
+        var problems = result.problems.length ? result.problems : [{ path: "", message: "a job config is a JSON object: { \"jobName\": ..., \"taskRoles\": [...] }, or v2 YAML (protocolVersion: 2)" }];
         renderJsonProblems(problems, result.warnings);
         if (problems[0].line) moveCaret(problems[0].line, problems[0].column);
         return false;
       }
-      state.config = result.value;
+      state.config = keptAsText ? {} : result.value;
       state.raw = text;
-      state.broken = false;
+      state.lastText = text;
+      state.protocol = result.protocol;
+      state.formNote = result.formNote || "";
+      state.broken = !!keptAsText;
       state.touched = {};
       state.showAll = true;
       hidden.value = text;
@@ -696,8 +748,16 @@
 
   $("json-button").addEventListener("click", function () {
     // The last check was of this very text, so its lines and columns fit.
-    openJson(currentText(), state.problems.filter(function (p) { return p.line; }), state.warnings);
+    var fresh = state.raw === null && state.protocol === 2 && state.timer;
+    (fresh ? textNow() : Promise.resolve(currentText())).then(function (text) {
+      openJson(text, state.problems.filter(function (p) { return p.line; }), state.warnings);
+    });
   });
+
+  // The box's submit button names what the box holds.
+  function nameBox(protocol) {
+    dialog.querySelector('[data-action="submit-json"]').textContent = protocol === 2 ? "Submit this YAML" : "Submit this JSON";
+  }
 
   jsonBox.addEventListener("scroll", function () { gutter.scrollTop = jsonBox.scrollTop; });
   jsonBox.addEventListener("input", function () {
@@ -706,7 +766,7 @@
     state.jsonTimer = setTimeout(function () {
       var text = jsonBox.value;
       check(text).then(function (result) {
-        if (dialog.open && jsonBox.value === text) renderJsonProblems(result.problems, result.warnings);
+        if (dialog.open && jsonBox.value === text) { renderJsonProblems(result.problems, result.warnings); nameBox(result.protocol); }
       }, function () {});
     }, 600);
   });
@@ -728,6 +788,7 @@
           return;
         }
         state.raw = text;  // submitted as typed: comments stay in the stored config
+        nameBox(result.protocol);
         submitText(text, "json");
       }, function () { submitText(text, "json"); });
     }
@@ -756,23 +817,43 @@
     reader.readAsText(file);
   });
 
-  $("export-button").addEventListener("click", function () {
+  function download(text, protocol) {
     var name = typeof state.config.jobName === "string" && state.config.jobName ? state.config.jobName : "job";
-    var blob = new Blob([currentText()], { type: "application/json" });
+    var yaml = protocol === 2;
+    var blob = new Blob([text], { type: yaml ? "text/yaml" : "application/json" });
     var link = document.createElement("a");
     link.href = URL.createObjectURL(blob);
-    link.download = name.replace(/[^A-Za-z0-9\-._~]/g, "_") + ".json";
+    link.download = name.replace(/[^A-Za-z0-9\-._~]/g, "_") + (yaml ? ".yaml" : ".json");
     document.body.appendChild(link);
     link.click();
     link.remove();
     setTimeout(function () { URL.revokeObjectURL(link.href); }, 2000);
     setStatus("Downloaded " + link.download + ".", "ok");
+  }
+
+  // Export: the config in its own protocol, as it is; and in the other one
+  // when it can be said there (the server wrote it at the last check).
+  function renderExports() {
+    var mine = $("export-button"), other = $("export-other-button");
+    mine.title = "Download this config as a " + (state.protocol === 2 ? ".yaml (v2)" : ".json (v1)") + " file";
+    other.textContent = state.protocol === 2 ? "Export as v1 JSON" : "Export as v2 YAML";
+    other.disabled = !state.otherText;
+    other.title = state.otherText ? "Download the same job in the other format" : "Not possible: " + (state.otherNote || "check the config first");
+  }
+
+  $("export-button").addEventListener("click", function () {
+    textNow().then(function (text) { download(text, state.protocol); });
+  });
+
+  $("export-other-button").addEventListener("click", function () {
+    if (state.otherText) download(state.otherText, state.protocol === 2 ? 1 : 2);
   });
 
   // ---------------------------------------------------------------- start
 
   function start() {
     state.broken = !initial.syntaxOk || !isObject(initial.value);
+    nameBox(state.protocol);
     state.config = state.broken ? {} : initial.value;
     hidden.value = state.raw;
     // Problems the server found (a rejected submit, a clone) show at once.

@@ -18,7 +18,8 @@
   var scheme = location.protocol === "https:" ? "wss://" : "ws://";
   var socket = new WebSocket(scheme + location.host + box.dataset.wsPath);
   socket.binaryType = "arraybuffer";
-  var reasons = { 4403: "not allowed", 4409: "the task is not running", 4410: "the task has ended",
+  var reasons = { 4401: "you signed out", 4403: "not allowed", 4409: "the task is not running",
+                  4410: "the task has ended", 4429: "too many terminals open",
                   4500: "the shell could not be opened", 1000: "the shell exited" };
   var closedBy = "";
 
@@ -45,7 +46,7 @@
     term.options.disableStdin = true;
     // A dropped connection or an exited shell can be started again; a task
     // that ended or a refusal cannot.
-    if ([4403, 4409, 4410].indexOf(event.code) < 0) reconnect.hidden = false;
+    if ([4401, 4403, 4409, 4410].indexOf(event.code) < 0) reconnect.hidden = false;
   };
   reconnect.addEventListener("click", function () { location.reload(); });
   term.onData(function (data) { send({ type: "input", data: data }); });

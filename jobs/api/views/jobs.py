@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from jobs import jsonc, services
 from jobs.api import serializers
-from jobs.api.auth import Access
+from jobs.api.auth import Access, bearer_key
 from jobs.api.errors import ApiError, forbidden, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, json_body, ok, optional_int_param, resource
 from jobs.models import Job, Task, User
-from jobs.services import listing
+from jobs.services import listing, ratelimit
 from jobs.spec import decode_text
 
 MAX_PAGE = 1000
@@ -84,6 +85,19 @@ def _submitter(request: HttpRequest, username: str) -> User:
     return user  # type: ignore[return-value]
 
 
+def _count_submission(request: HttpRequest) -> None:
+    """At most API_SUBMISSIONS_PER_MINUTE submissions per token (per user
+    with the browser session), accepted or not: a runaway script is slowed
+    down before its configs are parsed."""
+    key = bearer_key(request)
+    who = f"token:{key}" if key else f"user:{request.user.pk}"
+    limit = settings.API_SUBMISSIONS_PER_MINUTE
+    wait = ratelimit.action_wait_seconds(action="api-submit", who=who, limit=limit, window=60)
+    if wait:
+        raise ApiError("TooManyRequestsError", f"More than {limit} job submissions a minute with this token; "
+                       f"try again in {wait} seconds.", headers={"Retry-After": str(wait)})
+
+
 def _accepted(request: HttpRequest, job: Job) -> HttpResponse:
     location = api_url(request, "job", username=job.owner.username, name=job.name)
     return ok({"message": f"update job {job.name} successfully"}, status=202, headers={"Location": location})
@@ -92,6 +106,7 @@ def _accepted(request: HttpRequest, job: Job) -> HttpResponse:
 @handler(Access.USER)
 def _submit_named_in_body(request: HttpRequest, username: str) -> HttpResponse:
     owner = _submitter(request, username)
+    _count_submission(request)
     return _accepted(request, services.job_submit(owner=owner, config=request.body))
 
 
@@ -116,26 +131,31 @@ def _with_name(body: bytes, name: str) -> str:
 @handler(Access.USER)
 def _submit_named_in_path(request: HttpRequest, username: str, name: str) -> HttpResponse:
     owner = _submitter(request, username)
+    _count_submission(request)
     return _accepted(request, services.job_submit(owner=owner, config=_with_name(request.body, name)))
 
 
 @handler(Access.READ)
 def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
-    job = find_job(request, username, name)
+    return ok(status_body(request, find_job(request, username, name)))
+
+
+def status_body(request: HttpRequest, job: Job) -> dict:
+    """v1's job status (v2 adds to it): each task's latest container."""
+    username, name = job.owner.username, job.name
     attempts = serializers.latest_attempts(job)
     tasks: dict[str, list[Task]] = {}
     for task in Task.objects.filter(job=job).order_by("index"):
         tasks.setdefault(task.role, []).append(task)
-    roles = [role.get("name") for role in job.config.get("taskRoles", [])] or list(tasks)
     task_roles = {}
-    for role in roles:
+    for role in job.spec.task_roles:
         statuses = [
             serializers.task_status(task, attempts.get(task.pk), api_url(
-                request, "task_log", username=username, name=name, role=role, index=task.index))
-            for task in tasks.get(role, [])
+                request, "task_log", username=username, name=name, role=role.name, index=task.index))
+            for task in tasks.get(role.name, [])
         ]
-        task_roles[role] = {"taskRoleStatus": {"name": role}, "taskStatuses": statuses}
-    return ok(serializers.job_status(job, task_roles))
+        task_roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
+    return serializers.job_status(job, task_roles)
 
 
 @handler(Access.USER)

@@ -5,7 +5,7 @@ None of these is ever open to anonymous callers.
 
 from __future__ import annotations
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 
 from jobs.api.auth import Access
 from jobs.api.errors import ApiError, invalid, no_job
@@ -13,8 +13,7 @@ from jobs.api.http import api_url, handler, int_param, ok, optional_int_param, r
 from jobs.api.views.jobs import find_job
 from jobs.logs import read_lines
 from jobs.models import ACTIVE_TASK_STATES, Stream, Task, TaskAttempt
-from jobs.services.access import ssh_access, ssh_key_file_name
-from jobs.views import access as web_access
+from jobs.services.access import job_private_key, ssh_access, ssh_key_file_name
 
 STREAMS = {stream.label: stream for stream in Stream}  # stdout, stderr, platform
 MAX_LINES = 5000
@@ -35,7 +34,7 @@ def _ssh(request: HttpRequest, username: str, name: str) -> HttpResponse:
         if info.port and info.available is not False:
             containers.append({"id": attempt.container_id or None, "sshIp": info.host, "sshPort": str(info.port),
                                "taskRole": attempt.task.role, "taskIndex": attempt.task.index})
-    is_owner = job.owner_id == request.user.pk
+    may_download = job_private_key(job=job, user=request.user) is not None
     key_url = api_url(request, "ssh_key", username=username, name=name)
     return ok({
         "containers": containers,
@@ -43,8 +42,7 @@ def _ssh(request: HttpRequest, username: str, name: str) -> HttpResponse:
             "folderPath": key_url.rsplit("/", 1)[0],
             "publicKeyFileName": f"{job.name}.pub",
             "privateKeyFileName": ssh_key_file_name(job),
-            # Only the owner may download the private key, even among admins.
-            "privateKeyDirectDownloadLink": key_url if is_owner else None,
+            "privateKeyDirectDownloadLink": key_url if may_download else None,
             "publicKey": job.ssh_public_key,
         },
     })
@@ -52,13 +50,16 @@ def _ssh(request: HttpRequest, username: str, name: str) -> HttpResponse:
 
 @handler(Access.USER)
 def _ssh_key(request: HttpRequest, username: str, name: str) -> HttpResponse:
-    """The job's private key, served by the web UI's own download view so both
-    follow one rule (the owner only)."""
+    """The job's private key, for its owner only (the web page's rule, one
+    service: an admin who may see the job gets the same 404 as a stranger)."""
     job = find_job(request, username, name)
-    try:
-        return web_access.ssh_key(request, job.pk)
-    except Http404:
-        raise no_job(username, name) from None
+    key = job_private_key(job=job, user=request.user)
+    if key is None:
+        raise no_job(username, name)
+    response = HttpResponse(key, content_type="application/x-pem-file")
+    response["Content-Disposition"] = f'attachment; filename="{ssh_key_file_name(job)}"'
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def _task(job_id: int, role: str, index: str) -> Task:

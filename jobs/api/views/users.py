@@ -7,10 +7,10 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 
 from jobs.api import serializers
-from jobs.api.auth import Access
+from jobs.api.auth import Access, bearer_key
 from jobs.api.errors import ApiError, forbidden, invalid
 from jobs.api.http import bool_param, handler, json_body, ok, resource, string_param
-from jobs.models import User
+from jobs.models import User, VirtualCluster
 from jobs.services import users
 
 
@@ -31,10 +31,11 @@ def _list(request: HttpRequest) -> HttpResponse:
 def _put(request: HttpRequest) -> HttpResponse:
     """OpenPAI's PUT /user: `modify: false` creates a user, `modify: true`
     changes one (admins: anyone's password and admin flag; users: their own
-    password only)."""
+    password only). Changing one's own password needs `oldPassword`."""
     params = json_body(request)
     username = string_param(params, "username", max_length=64) or ""
     password = string_param(params, "password", required=False, max_length=4096)
+    current_password = string_param(params, "oldPassword", required=False, max_length=4096)
     admin = bool_param(params, "admin")
     modify = bool_param(params, "modify") or False
     me: User = request.user  # type: ignore[assignment]
@@ -44,7 +45,11 @@ def _put(request: HttpRequest) -> HttpResponse:
         target = _user_named(username)
         if target.pk == me.pk and admin is False:
             raise forbidden("You cannot take away your own admin rights.")
-        users.user_update(user=target, password=password, admin=admin)
+        if password is not None:
+            users.user_change_password(user=target, password=password, by=me, current_password=current_password,
+                                       keep_token_key=bearer_key(request))
+        if admin is not None:
+            users.user_update(user=target, admin=admin)
     else:
         if password is None:
             raise invalid("password is required to create a user.")
@@ -75,5 +80,17 @@ def _set_virtual_clusters(request: HttpRequest, username: str) -> HttpResponse:
     return ok({"message": "update user virtual clusters successfully"}, status=201)
 
 
+@handler(Access.USER)
+def _detail(request: HttpRequest, username: str) -> HttpResponse:
+    """One user: yourself, or anyone for an admin."""
+    me: User = request.user  # type: ignore[assignment]
+    if not me.is_admin and me.username != username:
+        raise forbidden("Non-admin may see only their own user (user/{}).".format(me.username))
+    user = _user_named(username)
+    usable = [vc.name for vc in VirtualCluster.objects.usable_by(user).order_by("name")]
+    return ok({**serializers.user(user), "virtualClusters": usable})
+
+
 user = resource(GET=_list, PUT=_put, DELETE=_delete)
+user_detail = resource(GET=_detail)
 user_virtual_clusters = resource(PUT=_set_virtual_clusters)

@@ -19,10 +19,11 @@ import subprocess
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import launcher
-from jobs.agent import AgentConflict, NodeAgent
+from jobs.node import launcher
+from jobs.node.agent import AgentConflict, NodeAgent
 from jobs.models import node_name_validator
 from jobs.services import NodeInfo
+from jobs.services.nodes import node_address_clash, node_address_warning
 
 
 def detect_gpus() -> list[dict]:
@@ -84,7 +85,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--name", default=socket.gethostname(), help="node name (default: the host name)")
-        parser.add_argument("--address", default="127.0.0.1", help="address users and other tasks reach this node at")
+        parser.add_argument("--address", default="127.0.0.2",
+                            help="address users and other tasks reach this node at; never one of the portal's own "
+                                 "host names (default 127.0.0.2: loopback, apart from the portal's 127.0.0.1)")
         parser.add_argument("--docker-host", default=settings.DOCKER_HOST)
         parser.add_argument("--ports", default="20000-20999", help="host port range for tasks (FIRST-LAST)")
         parser.add_argument("--cpus", type=int, help="CPUs to offer (default: all the OS reports)")
@@ -97,14 +100,21 @@ class Command(BaseCommand):
             node_name_validator(options["name"])
         except Exception:
             raise CommandError(f"--name {options['name']!r}: letters, digits, - _ and . only") from None
+        for address, what in ((options["address"], "--address"), (settings.NODE_WEB_PORT_ADDRESS, "NODE_WEB_PORT_ADDRESS")):
+            clash = node_address_clash(address)
+            if clash:
+                raise CommandError(f"{what} {clash}")
+        warning = node_address_warning()
+        if warning:
+            self.stderr.write(f"WARNING: {warning}")
         start, end = port_range(options["ports"])
         overlap = ephemeral_overlap(start, end)
         if overlap:
             self.stderr.write(f"warning: --ports {start}-{end} overlaps the kernel's ephemeral ports "
                               f"{overlap[0]}-{overlap[1]} (net.ipv4.ip_local_port_range); tasks may fail to "
                               f"bind their ports. Choose a range outside it.")
-        engine = launcher.Engine(options["docker_host"])
         try:
+            engine = launcher.engine_for(options["docker_host"])
             engine_info = engine.info()
         except Exception as exc:
             raise CommandError(f"no Docker engine at {options['docker_host']}: {exc}") from None

@@ -1,9 +1,14 @@
 """The node agent: one process per node, started by `manage.py node_agent`.
 
 It registers the node, beats, consumes the node's own RQ queue (launch and
-stop requests) and the shared scheduler queue, watches every container of
-the node in a thread, and reconciles the database with the Docker engine at
-start and periodically, using the labels on the containers.
+stop requests), the shared scheduler queue and the shared notify queue (job
+state notifications; its heartbeat moves due retries onto it), watches
+every container of the node in a thread, and reconciles the database with
+the Docker engine at start and periodically, using the labels on the
+containers.
+
+It is the only module that knows NodeAgent: the runner and the watchers get
+a NodeContext (node, engine, log writer, the watchers registry) instead.
 """
 
 from __future__ import annotations
@@ -11,19 +16,26 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
+import signal
 import threading
 from datetime import timedelta
+from types import FrameType
 
 from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 from rq import SimpleWorker
+from rq.exceptions import StopRequested
 
-from jobs import launcher, queues, services
-from jobs.logs import LogWriter
+from jobs import queues, services
 from jobs.models import ACTIVE_TASK_STATES, FINAL_TASK_STATES, Job, JobAttempt, Node, State, TaskAttempt, TaskState
-from jobs.runner import Runner, TaskWatcher, stage_root
+from jobs.node import launcher
+from jobs.node.context import NodeContext, Watchers
+from jobs.node.holders import holder_is_gone, this_process
+from jobs.node.logwriter import LogWriter
+from jobs.node.runner import Runner
+from jobs.node.staging import stage_root
+from jobs.node.watcher import TaskWatcher
 
 log = logging.getLogger(__name__)
 
@@ -41,35 +53,41 @@ class AgentConflict(Exception):
     pass
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class NodeAgent:
     def __init__(self, info: services.NodeInfo, engine: launcher.Engine, engine_cpus: int) -> None:
         self.info = info
         self.engine = engine
         self.engine_cpus = engine_cpus
-        self.node: Node
         self.writer = LogWriter()
-        self.watchers: dict[int, TaskWatcher] = {}
-        self.runner = Runner(self)
+        self.watchers = Watchers(self._make_watcher)
+        self.context: NodeContext  # made once the node is registered
+        self.runner: Runner
         self._stopping = threading.Event()
+        self._stop_asked = False
+        self._worker: SimpleWorker | None = None
         self._lock_key = f"{settings.PAI_INSTANCE}:node-agent:{info.name}"
-        self._token = f"{socket.gethostname()}:{os.getpid()}"
+        self._token = this_process()
+
+    @property
+    def node(self) -> Node:
+        return self.context.node
 
     # ------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         global _current
+        # From registration on, the scheduler places tasks here. A SIGTERM
+        # before RQ's worker takes the signal over (in work()) would end us
+        # without leaving the node (shutdown()), and tasks would go to a node
+        # nobody serves until it is declared lost: note it and stop instead.
+        for stop_signal in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop_signal, self._stop_before_serving)
         self._take_node_lock()
-        self.node = services.node_register(self.info)
+        self._protect_node()
+        node = services.node_register(self.info)
+        self.context = NodeContext(node=node, engine=self.engine, engine_cpus=self.engine_cpus, writer=self.writer,
+                                   watchers=self.watchers)
+        self.runner = Runner(self.context)
         _current = self
         self.writer.start()
         self.reconcile(fresh_start=True)
@@ -78,9 +96,20 @@ class NodeAgent:
 
     def work(self) -> None:
         """Serve the node's queue until SIGTERM/SIGINT (RQ's warm shutdown)."""
-        names = [queues.node_queue_name(self.node.name), queues.scheduler_queue_name()]
-        worker = SimpleWorker(names, connection=queues.connection(), name=f"{self.node.name}.{os.getpid()}")
-        worker.work(with_scheduler=False, logging_level="WARNING")
+        # In this order: launches and stops first, then passes, then
+        # notifications (webhooks and e-mail, jobs/services/notifications.py).
+        names = [queues.node_queue_name(self.node.name), queues.scheduler_queue_name(), queues.notify_queue_name()]
+        try:
+            self._worker = SimpleWorker(names, connection=queues.connection(), name=f"{self.node.name}.{os.getpid()}")
+            if not self._stop_asked:
+                self._worker.work(with_scheduler=False, logging_level="WARNING")
+        except StopRequested:
+            pass  # asked while the worker was setting up, before its own handlers
+
+    def _stop_before_serving(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_asked = True
+        if self._worker is not None:
+            self._worker.request_stop(signum, frame)  # raises StopRequested unless it is busy
 
     def shutdown(self) -> None:
         """Stop our threads; containers keep running and are adopted on
@@ -89,6 +118,23 @@ class NodeAgent:
         self.writer.stop()
         services.node_leave(self.node.pk, os.getpid())
         queues.connection().delete(self._lock_key)
+        # Tasks left running are adopted by the next agent, which installs
+        # its own rules before it drops ours: until then they stay.
+        try:
+            ours = self.engine.containers({launcher.LABEL_INSTANCE: settings.PAI_INSTANCE,
+                                           launcher.LABEL_NODE: self.node.name})
+            if not any(container.running for container in ours):
+                self.engine.unprotect_node(self._token)
+        except Exception:
+            log.exception("could not tell whether tasks still run: the task firewall stays")
+
+    def _protect_node(self) -> None:
+        # Before the node is registered: no task may start unprotected.
+        try:
+            self.engine.protect_node(self._token)
+        except Exception:
+            queues.connection().delete(self._lock_key)
+            raise
 
     def _take_node_lock(self) -> None:
         # Two agents for one node would both launch and both follow logs.
@@ -98,8 +144,7 @@ class NodeAgent:
         if redis.set(self._lock_key, self._token, nx=True, ex=ttl):
             return
         holder = (redis.get(self._lock_key) or b"").decode()
-        host, _, pid = holder.rpartition(":")
-        if host == socket.gethostname() and pid.isdigit() and not _process_alive(int(pid)):
+        if holder_is_gone(holder):
             redis.set(self._lock_key, self._token, ex=ttl)
             return
         raise AgentConflict(f"another agent serves node {self.info.name} ({holder or '?'}); "
@@ -112,12 +157,21 @@ class NodeAgent:
             try:
                 close_old_connections()
                 if not services.node_heartbeat(self.node.pk):
-                    self.node = services.node_register(self.info)
+                    self.context.node = services.node_register(self.info)
                 redis.set(self._lock_key, self._token, ex=ttl)
                 services.nodes_mark_lost()
+                self._repair_lost_wakeup()
+                queues.enqueue_due_notifications()
             except Exception:
                 log.exception("heartbeat failed")
                 connection.close()
+
+    def _repair_lost_wakeup(self) -> None:
+        """No waiting job depends on one wake-up message: when jobs wait and
+        no pass has started for SCHEDULE_REPAIR_SECONDS, ask again. A lost
+        wake-up is so repaired within that time plus one heartbeat."""
+        if queues.pass_overdue(settings.SCHEDULE_REPAIR_SECONDS) and Job.objects.filter(state=State.WAITING).exists():
+            queues.repair_schedule_request()
 
     def _reconcile_loop(self) -> None:
         while not self._stopping.wait(settings.RECONCILE_SECONDS):
@@ -130,12 +184,8 @@ class NodeAgent:
 
     # -------------------------------------------------------------- watching
 
-    def watch(self, attempt_id: int, container_id: str) -> None:
-        if attempt_id in self.watchers:
-            return
-        watcher = TaskWatcher(self, attempt_id, container_id)
-        self.watchers[attempt_id] = watcher
-        watcher.start()
+    def _make_watcher(self, attempt_id: int, container_id: str) -> TaskWatcher:
+        return TaskWatcher(self.context, attempt_id, container_id)
 
     # ----------------------------------------------------------- reconciling
 
@@ -156,7 +206,7 @@ class NodeAgent:
         attempts = {a.pk: a for a in TaskAttempt.objects.filter(pk__in=by_attempt)}
         for attempt_id, container in by_attempt.items():
             attempt = attempts.get(attempt_id)
-            if attempt_id in self.watchers or attempt_id == self.runner.launching:
+            if self.watchers.is_watching(attempt_id) or attempt_id == self.runner.launching:
                 continue
             if attempt is None or (attempt.state in FINAL_TASK_STATES and not attempt.kept_for_debug):
                 self.engine.remove(container.id)  # an orphan: its task is over
@@ -167,7 +217,7 @@ class NodeAgent:
                 services.attempt_claim_launch(attempt_id)
             if attempt.state in (TaskState.ASSIGNED, TaskState.LAUNCHING):
                 services.attempt_mark_running(attempt_id, container_id=container.id, started_at=container.started_at)
-            self.watch(attempt_id, container.id)
+            self.watchers.watch(attempt_id, container.id)
         return set(by_attempt)
 
     def _relaunch_missing(self, seen: set[int], *, fresh_start: bool) -> None:
@@ -176,7 +226,7 @@ class NodeAgent:
         now = timezone.now()
         active = TaskAttempt.objects.filter(node_id=self.node.pk, state__in=ACTIVE_TASK_STATES).exclude(pk__in=seen)
         for attempt in active:
-            if attempt.pk in self.watchers or attempt.pk == self.runner.launching:
+            if self.watchers.is_watching(attempt.pk) or attempt.pk == self.runner.launching:
                 continue
             if attempt.state == TaskState.ASSIGNED and now - attempt.assigned_at > timedelta(seconds=2):
                 queues.enqueue_launch_if_lost(self.node.name, attempt.pk)

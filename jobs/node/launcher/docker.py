@@ -1,8 +1,10 @@
-"""The Docker engine: the only package that imports `docker`.
+"""The Docker implementation of the engine interface (jobs/node/launcher):
+the only module of the project that imports `docker`.
 
-It takes and returns plain dataclasses, so nothing above it knows the SDK.
-The low-level API is used on the hot path (create, start, logs) because the
-high-level objects inspect the container again after every call.
+It takes and returns the interface's plain dataclasses, so nothing above it
+knows the SDK. The low-level API is used on the hot path (create, start,
+logs) because the high-level objects inspect the container again after every
+call.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
@@ -24,76 +25,10 @@ import docker.errors
 import requests.exceptions
 from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, LogConfig
 
+from jobs.images import reference_key
+from jobs.node.launcher import ContainerSpec, ContainerState, EngineInfo, LaunchError, RegistryAuth, firewall
+
 PROLOGUE = (Path(__file__).with_name("prologue.sh")).read_text()
-
-# Labels on everything we create; `instance` keeps portals that share an
-# engine (a test run beside a live portal) out of each other's way.
-LABEL_INSTANCE = "pai.instance"
-LABEL_NODE = "pai.node"
-LABEL_JOB = "pai.job"
-LABEL_JOB_ATTEMPT = "pai.job-attempt"
-LABEL_TASK_ATTEMPT = "pai.task-attempt"
-LABEL_TASK = "pai.task"
-LABEL_OWNER = "pai.user"
-
-
-class LaunchError(Exception):
-    """A task could not start. `kind` is an ExitType name: IMAGE_PULL or PLATFORM."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-@dataclass(frozen=True)
-class RegistryAuth:
-    registry: str
-    username: str
-    password: str
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    id: str
-    name: str
-    cpus: int
-    memory_bytes: int
-
-
-@dataclass
-class ContainerSpec:
-    name: str
-    image: str
-    command: str
-    env: dict[str, str]
-    labels: dict[str, str]
-    hostname: str
-    cpus: float
-    memory_mb: int
-    shm_mb: int
-    ports: list[int]
-    bind_address: str
-    network: str
-    ip: str = ""
-    extra_hosts: dict[str, str] = field(default_factory=dict)
-    gpu_device_ids: list[str] = field(default_factory=list)
-    code_dir: str = ""  # host folder mounted read-only at /pai/code
-    pids_limit: int = 4096
-    # Files copied in before the start: {"pai/ssh/peers.conf": (content, mode)}.
-    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    id: str
-    running: bool
-    exit_code: int | None
-    oom_killed: bool
-    error: str
-    started_at: datetime | None
-    finished_at: datetime | None
-    labels: dict[str, str]
 
 
 _TS_RE = re.compile(rb"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z ")
@@ -128,13 +63,17 @@ def _scrub(message: str, auth: RegistryAuth | None) -> str:
     return message
 
 
-class Engine:
-    """One Docker engine, reached at `base_url`."""
+class DockerEngine:
+    """One Docker engine, reached at `base_url`; implements launcher.Engine."""
 
     def __init__(self, base_url: str, *, timeout: int = 60) -> None:
         self.base_url = base_url
         self._local = threading.local()
         self._timeout = timeout
+        # Isolated networks (the shared one-task network) known to exist, so
+        # a launch there costs no look-up; a failed create forgets its network
+        # (removed behind our back?) and the next launch looks again.
+        self._networks_known: set[str] = set()
 
     @property
     def api(self) -> docker.APIClient:
@@ -160,22 +99,34 @@ class Engine:
     # ---------------------------------------------------------------- images
 
     def has_image(self, image: str) -> bool:
+        """Present under that name; Docker also finds an image by a prefix
+        of its ID, which we refuse (see the interface)."""
         try:
-            self.api.inspect_image(image)
+            found = self.api.inspect_image(image)
         except docker.errors.ImageNotFound:
             return False
-        return True
+        wanted = reference_key(image)
+        names = [*(found.get("RepoTags") or []), *(found.get("RepoDigests") or [])]
+        if any(reference_key(name) == wanted for name in names):
+            return True
+        raise LaunchError("IMAGE_PULL", f"the image {image} names a local image by its ID; use its name "
+                                        "(repository:tag), so its registry can tell whether this job may use it")
+
+    def check_image_access(self, image: str, auth: RegistryAuth | None) -> None:
+        try:
+            self.api.inspect_distribution(image, auth_config=_auth_config(auth))
+        except docker.errors.APIError as exc:
+            raise LaunchError("IMAGE_PULL", _scrub(f"{exc.explanation or exc}", auth)) from None
+        except requests.exceptions.RequestException as exc:
+            raise LaunchError("IMAGE_PULL", f"the registry could not be asked: {exc.__class__.__name__}") from None
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled."""
         if self.has_image(image):
             return False
         repository, tag = _split_image(image)
-        auth_config = None
-        if auth:
-            auth_config = {"username": auth.username, "password": auth.password, "serveraddress": auth.registry}
         try:
-            for event in self.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=auth_config):
+            for event in self.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=_auth_config(auth)):
                 if isinstance(event, dict) and event.get("error"):
                     raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
         except docker.errors.APIError as exc:
@@ -191,13 +142,20 @@ class Engine:
     def ensure_network(self, name: str, *, labels: dict[str, str], subnet: str = "", isolated: bool = False) -> None:
         """Create a bridge network unless it exists. `isolated` turns off
         traffic between its containers (the shared one-task-job network)."""
+        if name in self._networks_known:
+            return
         if self._network_exists(name):
+            if isolated:
+                self._networks_known.add(name)
             return
         ipam = None
         if subnet:
             gateway = str(next(ipaddress.ip_network(subnet).hosts()))
             ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=subnet, gateway=gateway)])
-        options = {"com.docker.network.bridge.enable_icc": "false"} if isolated else None
+        # Our bridges' names let the node's firewall match them all (firewall.py).
+        options = {"com.docker.network.bridge.name": firewall.bridge_name(name)}
+        if isolated:
+            options["com.docker.network.bridge.enable_icc"] = "false"
         try:
             self.api.create_network(name, driver="bridge", ipam=ipam, labels=labels, options=options, check_duplicate=True)
         except docker.errors.APIError as exc:
@@ -213,6 +171,7 @@ class Engine:
         return any(n["Name"] == name for n in self.api.networks(names=[name]))
 
     def remove_network(self, name: str) -> bool:
+        self._networks_known.discard(name)
         try:
             self.api.remove_network(name)
         except docker.errors.NotFound:
@@ -220,6 +179,15 @@ class Engine:
         except docker.errors.APIError:
             return False  # still has containers attached
         return True
+
+    def protect_node(self, owner: str) -> None:
+        try:
+            firewall.install(owner)
+        except firewall.FirewallError as exc:
+            raise RuntimeError(f"could not install the task firewall (iptables, as root, on the engine's host): {exc}") from None
+
+    def unprotect_node(self, owner: str) -> None:
+        firewall.remove(owner)
 
     def networks(self, labels: dict[str, str]) -> list[tuple[str, dict[str, str], int]]:
         """(name, labels, attached containers) of our networks."""
@@ -239,7 +207,7 @@ class Engine:
 
     def run(self, spec: ContainerSpec) -> str:
         """Create and start the task's container; adopt it if it exists."""
-        port_bindings = {f"{p}/tcp": (spec.bind_address, p) for p in spec.ports}
+        port_bindings = {f"{p}/tcp": (spec.port_addresses.get(p, spec.bind_address), p) for p in spec.ports}
         device_requests = (
             [DeviceRequest(driver="nvidia", device_ids=spec.gpu_device_ids, capabilities=[["gpu"]])]
             if spec.gpu_device_ids else None
@@ -251,6 +219,7 @@ class Engine:
             port_bindings=port_bindings, device_requests=device_requests, binds=binds, init=True,
             extra_hosts=spec.extra_hosts or None, network_mode=spec.network, privileged=False,
             pids_limit=spec.pids_limit, log_config=LogConfig(type="json-file", config={"max-size": "200m", "max-file": "2"}),
+            cap_drop=["ALL"], cap_add=list(spec.capabilities), security_opt=["no-new-privileges:true"],
         )
         # Docker's default bridge takes no aliases; networks of ours do.
         aliases = None if spec.network == "bridge" else [spec.hostname]
@@ -265,6 +234,7 @@ class Engine:
             container_id = created["Id"]
         except docker.errors.APIError as exc:
             if exc.status_code != 409:
+                self._networks_known.discard(spec.network)
                 raise LaunchError("PLATFORM", f"could not create the container: {exc.explanation or exc}") from None
             container_id = self.api.inspect_container(spec.name)["Id"]
         if spec.files:
@@ -385,6 +355,14 @@ def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
             info.size, info.mode = len(content), mode
             archive.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
+
+
+def _auth_config(auth: RegistryAuth | None) -> dict[str, str]:
+    """The job's credentials, or explicitly none: with None the SDK would
+    send whatever `docker login` stored on the node."""
+    if auth is None:
+        return {}
+    return {"username": auth.username, "password": auth.password, "serveraddress": auth.registry}
 
 
 def _split_image(image: str) -> tuple[str, str]:

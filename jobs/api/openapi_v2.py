@@ -1,0 +1,136 @@
+"""The v2 API's OpenAPI 3.0 description, served at /api/v2/openapi.json.
+
+v2 paths are relative to /api/v2 (v1's to /api/v1), so they are described
+apart, with v1's building blocks and schemas (jobs/api/openapi.py).
+tests/test_api_v2.py checks that every v2 route is described.
+"""
+
+from __future__ import annotations
+
+from jobs.api.openapi import (
+    INTEGER, STRING, Schema, _schemas, answer, body, errors, obj, operation, path_param, query_param, ref,
+)
+
+JOB_PARAMS = [path_param("username", "the job owner's username"), path_param("name", "the job's name")]
+TAG_BODY = obj({"value": {"type": "string", "minLength": 1, "maxLength": 64}}, ["value"])
+
+
+def _list_parameters() -> list[Schema]:
+    comma = "comma-separated: any of them"
+    return [
+        query_param("username", f"owners ({comma})", STRING),
+        query_param("vc", f"virtual clusters ({comma})", STRING),
+        query_param("state", f"job states ({comma})", STRING),
+        query_param("keyword", "in the job's name or owner", STRING),
+        query_param("tagsContain", f"jobs with any of these tags ({comma})", STRING),
+        query_param("tagsNotContain", f"jobs with none of these tags ({comma})", STRING),
+        query_param("offset", "jobs to skip", {"type": "integer", "minimum": 0}),
+        query_param("limit", "page size (default and most: 1000)", {"type": "integer", "minimum": 1, "maximum": 1000}),
+        query_param("order", "<field>[,ASC|DESC]: jobName, username, vc, state, submissionTime (default, DESC), "
+                             "completionTime, retries, totalGpuNumber, totalTaskNumber", STRING),
+        query_param("withTotalCount", "true: answer {totalCount, data}", {"type": "string", "enum": ["true", "false"]}),
+    ]
+
+
+def _v2_schemas() -> dict[str, Schema]:
+    attempt = obj({
+        "jobName": STRING, "attemptIndex": INTEGER, "attemptState": STRING, "isLatest": {"type": "boolean"},
+        "createdTime": INTEGER, "launchedTime": {**INTEGER, "nullable": True},
+        "completedTime": {**INTEGER, "nullable": True}, "exitCode": {**INTEGER, "nullable": True},
+        "exitType": {**STRING, "nullable": True}, "exitDiagnostics": STRING,
+        "taskRoles": {"type": "object", "additionalProperties": obj({
+            "taskStatuses": {"type": "array", "items": ref("TaskStatus")}})},
+    }, ["attemptIndex", "attemptState", "isLatest", "taskRoles"])
+    summary = {"allOf": [ref("JobSummary"), obj({"tags": {"type": "array", "items": STRING}})]}
+    return {
+        "JobAttempt": attempt,
+        "JobSummaryV2": summary,
+        "JobStatusV2": {"allOf": [ref("JobStatus"), obj({
+            "protocolVersion": {"type": "integer", "enum": [1, 2]}, "tags": {"type": "array", "items": STRING},
+            "jobAttempts": {"type": "array", "items": attempt}})]},
+        "ProtocolV2": {"type": "object", "additionalProperties": True, "required": ["protocolVersion", "name",
+                                                                                   "type", "taskRoles"],
+                       "description": "OpenPAI protocol v2 (github.com/microsoft/openpai-protocol, "
+                                      "schemas/v2/schema.yaml), as YAML or JSON."},
+        "Tag": TAG_BODY,
+    }
+
+
+def _paths() -> dict[str, Schema]:
+    message = ref("Message")
+    listed = {"type": "array", "items": ref("JobSummaryV2")}
+    return {
+        "/openapi.json": {"get": operation("Get the v2 description", answer(
+            200, "This description.", {"type": "object", "additionalProperties": True}), public=True, tag="api")},
+        "/jobs": {
+            "get": operation("List jobs (v2)", {**answer(200, "Your jobs (an admin: everyone's); with "
+                                                              "withTotalCount=true, {totalCount, data}.",
+                                                         {"oneOf": [listed, obj({"totalCount": INTEGER,
+                                                                                 "data": listed})]}),
+                                                **errors(400, 401)}, parameters=_list_parameters(), tag="jobs"),
+            "post": operation("Submit a job (v2)", {
+                **answer(202, "Accepted: the job waits for the scheduler.", message,
+                         {"Location": {"description": "the job's v2 status URL", "schema": STRING}}),
+                **errors(400, 401, 403, 404, 409, 413, 429)},
+                request_body={"required": True, "content": {
+                    "text/yaml": {"schema": ref("ProtocolV2")}, "application/json": {"schema": ref("ProtocolV2")}}},
+                tag="jobs", description="A protocol v2 config (a v1 JSON config is taken too). Every problem is "
+                "listed in `problems` with its path, line and column. Secrets never come back: the stored config "
+                "masks them."),
+        },
+        "/jobs/{username}~{name}": {"parameters": JOB_PARAMS, "get": operation(
+            "Get a job's status (v2)", {**answer(200, "v1's status plus protocolVersion, tags and every attempt.",
+                                                 ref("JobStatusV2")), **errors(401, 404)}, tag="jobs")},
+        "/jobs/{username}~{name}/config": {"parameters": JOB_PARAMS, "get": operation(
+            "Get a job's config (v2)", {
+                "200": {"description": "The config as submitted: YAML for a v2 job (secrets masked), JSON for v1.",
+                        "content": {"text/yaml": {"schema": STRING},
+                                    "application/json": {"schema": {"type": "object", "additionalProperties": True}}}},
+                **errors(401, 404)}, tag="jobs")},
+        "/jobs/{username}~{name}/executionType": {"parameters": JOB_PARAMS, "put": operation(
+            "Stop a job (v2)", {**answer(202, "Stopping (or already ended).", message), **errors(400, 401, 404, 413)},
+            request_body=body(ref("ExecutionType")), tag="jobs")},
+        "/jobs/{username}~{name}/tag": {
+            "parameters": JOB_PARAMS,
+            "put": operation("Add a tag", {**answer(200, "Added (or already there).", message),
+                                           **errors(400, 401, 404, 413)}, request_body=body(ref("Tag")), tag="jobs"),
+            "delete": operation("Remove a tag", {**answer(200, "Removed (or not there).", message),
+                                                 **errors(400, 401, 404, 413)}, request_body=body(ref("Tag")),
+                                tag="jobs"),
+        },
+        "/jobs/{username}~{name}/job-attempts": {"parameters": JOB_PARAMS, "get": operation(
+            "List a job's attempts", {**answer(200, "Every attempt, first first.",
+                                               {"type": "array", "items": ref("JobAttempt")}), **errors(401, 404)},
+            tag="jobs")},
+        "/jobs/{username}~{name}/job-attempts/{number}": {
+            "parameters": [*JOB_PARAMS, path_param("number", "the attempt (1 is the first)",
+                                                   {"type": "integer", "minimum": 1})],
+            "get": operation("Get a job attempt", {**answer(200, "The attempt and its tasks.", ref("JobAttempt")),
+                                                   **errors(401, 404)}, tag="jobs")},
+        "/jobs/{username}~{name}/ssh": {"parameters": JOB_PARAMS, "get": operation(
+            "Get a job's SSH info (v2)", {**answer(200, "As in v1.", ref("SshInfo")), **errors(401, 404)},
+            tag="access")},
+        "/jobs/{username}~{name}/ssh/key": {"parameters": JOB_PARAMS, "get": operation(
+            "Download a job's private key (v2)", {
+                "200": {"description": "As in v1.", "content": {"application/x-pem-file": {"schema": STRING}}},
+                **errors(401, 404)}, tag="access")},
+        "/jobs/{username}~{name}/tasks/{role}/{index}/log": {
+            "parameters": [*JOB_PARAMS, path_param("role", "the task role"),
+                           path_param("index", "the task's index", {"type": "integer", "minimum": 0})],
+            "get": operation("Read a task's log (v2)", {**answer(200, "As in v1.", ref("LogPage")),
+                                                        **errors(400, 401, 404)}, tag="access")},
+    }
+
+
+def description(*, server_url: str = "/api/v2") -> Schema:
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "GPU Job Portal REST API v2", "version": "2.0.0",
+                 "description": "OpenPAI's v2 job API and protocol v2 configs. Same tokens and errors as v1 "
+                                "(/api/v1/openapi.json); every path needs a token."},
+        "servers": [{"url": server_url}],
+        "security": [{"bearerAuth": []}],
+        "paths": _paths(),
+        "components": {"schemas": {**_schemas(), **_v2_schemas()},
+                       "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
+    }

@@ -1,0 +1,182 @@
+"""REST API v2: OpenPAI's v2 job paths (`jobs/{user}~{name}`), protocol v2
+configs (YAML, or JSON of the same structure), tags and job attempts.
+
+Same tokens, error codes and rules as v1 (jobs/api/views/jobs.py, whose
+helpers these reuse), except that every v2 path needs a signed-in caller:
+API_ANONYMOUS_READ opens v1's list and status only. Another user's job is
+"not found".
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from jobs import services
+from jobs.api import openapi_v2, serializers
+from jobs.api.auth import Access
+from jobs.api.errors import ApiError, invalid
+from jobs.api.http import api_url, handler, int_param, json_body, ok, resource
+from jobs.api.views import jobs as v1
+from jobs.models import Job, JobAttempt, JobTag, State, TaskAttempt
+from jobs.services import listing, tags
+from jobs.spec import protocol_of
+
+MAX_PAGE = 1000
+ORDER_FIELDS = {
+    "jobName": "name", "username": "owner__username", "vc": "virtual_cluster__name", "state": "state",
+    "submissionTime": "submitted_at", "createdTime": "submitted_at", "completionTime": "finished_at",
+    "retries": "attempt_number", "totalGpuNumber": "total_gpus", "totalTaskNumber": "total_tasks",
+}
+
+
+def _names(value: str | None) -> list[str]:
+    return [item for item in (value or "").split(",") if item]
+
+
+def _filtered(request: HttpRequest) -> QuerySet[Job]:
+    """OpenPAI v2's list filters; a comma-separated value means "any of"."""
+    params = request.GET
+    jobs = Job.objects.visible_to(request.user)
+    if usernames := _names(params.get("username")):
+        jobs = jobs.filter(owner__username__in=usernames)
+    if vcs := _names(params.get("vc")):
+        jobs = jobs.filter(virtual_cluster__name__in=vcs)
+    if states := _names(params.get("state")):
+        unknown = sorted(set(states) - set(State.values))
+        if unknown:
+            raise invalid(f"state {', '.join(unknown)} is not one of {', '.join(State.values)}.")
+        jobs = jobs.filter(state__in=states)
+    if keyword := params.get("keyword"):
+        jobs = jobs.filter(Q(name__icontains=keyword) | Q(owner__username__icontains=keyword))
+    if wanted := _names(params.get("tagsContain")):
+        jobs = jobs.filter(pk__in=JobTag.objects.filter(value__in=wanted).values("job_id"))
+    if unwanted := _names(params.get("tagsNotContain")):
+        jobs = jobs.exclude(pk__in=JobTag.objects.filter(value__in=unwanted).values("job_id"))
+    return jobs.order_by(*_order(params.get("order")))
+
+
+def _order(order: str | None) -> list[str]:
+    """`order=submissionTime,DESC` (the default) or any of ORDER_FIELDS."""
+    if not order:
+        return ["-submitted_at", "-id"]
+    field, _, direction = order.partition(",")
+    if field not in ORDER_FIELDS or direction.upper() not in ("", "ASC", "DESC"):
+        raise invalid(f"order must be <field>[,ASC|DESC] with a field of {', '.join(ORDER_FIELDS)}.")
+    sign = "-" if direction.upper() == "DESC" else ""
+    return [sign + ORDER_FIELDS[field], sign + "id"]
+
+
+def _tags_of(ids: list[int]) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {}
+    for job_id, value in JobTag.objects.filter(job_id__in=ids).values_list("job_id", "value"):
+        found.setdefault(job_id, []).append(value)
+    return found
+
+
+@handler(Access.USER)
+def _list(request: HttpRequest) -> HttpResponse:
+    jobs = _filtered(request)
+    offset = int_param(request.GET, "offset", default=0, minimum=0, maximum=10**9)
+    limit = int_param(request.GET, "limit", default=MAX_PAGE, minimum=1, maximum=MAX_PAGE)
+    ids = list(jobs.values_list("pk", flat=True)[offset:offset + limit])
+    tags_by_job = _tags_of(ids)
+    data = [{**serializers.job_summary(job), "tags": tags_by_job.get(job.pk, [])} for job in listing.jobs_by_ids(ids)]
+    if request.GET.get("withTotalCount") == "true":
+        return ok({"totalCount": jobs.count(), "data": data})
+    return ok(data)
+
+
+@handler(Access.USER)
+def _submit(request: HttpRequest) -> HttpResponse:
+    v1._count_submission(request)
+    job = services.job_submit(owner=request.user, config=request.body)  # type: ignore[arg-type]
+    location = api_url(request, "job", username=job.owner.username, name=job.name)
+    return ok({"message": f"update job {job.name} successfully"}, status=202, headers={"Location": location})
+
+
+def _attempt_body(request: HttpRequest, job: Job, attempt: JobAttempt) -> dict:
+    by_role: dict[str, list[dict]] = {role.name: [] for role in job.spec.task_roles}
+    for task_attempt in TaskAttempt.objects.filter(job_attempt=attempt).select_related("task").order_by("task__index"):
+        task = task_attempt.task
+        log_url = api_url(request, "task_log", username=job.owner.username, name=job.name, role=task.role,
+                          index=task.index)
+        by_role.setdefault(task.role, []).append(serializers.task_status(task, task_attempt, log_url))
+    return {
+        "jobName": job.name,
+        "attemptIndex": attempt.number,
+        "attemptState": attempt.state,
+        "isLatest": attempt.number == job.attempt_number,
+        "createdTime": serializers.millis(attempt.created_at),
+        "launchedTime": serializers.millis(attempt.started_at),
+        "completedTime": serializers.millis(attempt.finished_at),
+        "exitCode": attempt.exit_code,
+        "exitType": attempt.exit_type or None,
+        "exitDiagnostics": attempt.exit_reason,
+        "taskRoles": {role: {"taskStatuses": statuses} for role, statuses in by_role.items()},
+    }
+
+
+@handler(Access.USER)
+def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = v1.find_job(request, username, name)
+    body = v1.status_body(request, job)
+    body["protocolVersion"] = protocol_of(job.config_raw)
+    body["tags"] = list(job.tags.values_list("value", flat=True))
+    body["jobAttempts"] = [_attempt_body(request, job, attempt) for attempt in job.attempts.order_by("number")]
+    return ok(body)
+
+
+@handler(Access.USER)
+def _config(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    """The config as submitted: YAML for a v2 job, its secrets masked (they
+    were masked before it was stored); v1 jobs answer as in v1."""
+    job = v1.find_job(request, username, name)
+    if protocol_of(job.config_raw) == 1:
+        return v1._config(request, username, name)
+    return HttpResponse(job.config_raw, content_type="text/yaml; charset=utf-8")
+
+
+@handler(Access.USER)
+def _attempts(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = v1.find_job(request, username, name)
+    return ok([_attempt_body(request, job, attempt) for attempt in job.attempts.order_by("number")])
+
+
+@handler(Access.USER)
+def _attempt(request: HttpRequest, username: str, name: str, number: str) -> HttpResponse:
+    job = v1.find_job(request, username, name)
+    attempt = job.attempts.filter(number=int(number)).first() if number.isdigit() and len(number) < 10 else None
+    if attempt is None:
+        raise ApiError("NoJobError", f"Job {name} of user {username} has no attempt {number}.")
+    return ok(_attempt_body(request, job, attempt))
+
+
+@handler(Access.USER)
+def _tag_add(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = v1.find_job(request, username, name)
+    value = json_body(request).get("value")
+    tags.job_tag_add(job=job, value=value)
+    return ok({"message": f"Add tag {value} for job {name} successfully."})
+
+
+@handler(Access.USER)
+def _tag_remove(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = v1.find_job(request, username, name)
+    value = json_body(request).get("value")
+    tags.job_tag_remove(job=job, value=value)
+    return ok({"message": f"Delete tag {value} from job {name} successfully."})
+
+
+@handler(Access.PUBLIC)
+def _description(request: HttpRequest) -> HttpResponse:
+    return ok(openapi_v2.description(server_url=request.path.rsplit("/", 1)[0]))
+
+
+description = resource(GET=_description)
+jobs = resource(GET=_list, POST=_submit)
+job = resource(GET=_status)
+config = resource(GET=_config)
+tag = resource(PUT=_tag_add, DELETE=_tag_remove)
+attempts = resource(GET=_attempts)
+attempt = resource(GET=_attempt)

@@ -1,0 +1,91 @@
+"""Numbers, sizes, durations and outcomes in the words the pages use.
+
+Pure functions of their arguments, with no template machinery, so forms,
+views and the template tags (jobs/templatetags/job_pages.py registers them
+as filters) all say "1.5 GB" or "3m 07s" the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Protocol
+
+from jobs.models import ExitType
+
+
+def duration_text(value: timedelta | None) -> str:
+    if value is None:
+        return "—"
+    seconds = max(0, int(value.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes:02d}m"
+    if hours:
+        return f"{hours}h {minutes:02d}m {seconds:02d}s"
+    if minutes:
+        return f"{minutes}m {seconds:02d}s"
+    return f"{seconds}s"
+
+
+def mb(value: float | int | None) -> str:
+    """Memory in MB as people read it."""
+    if value is None:
+        return "—"
+    if value >= 1024:
+        return f"{value / 1024:.1f} GB".replace(".0 GB", " GB")
+    return f"{value:.0f} MB"
+
+
+def mb_share(value: float) -> str:
+    """Memory like `mb`, but a share's fractional megabytes keep their
+    decimal ("341.3 MB")."""
+    return f"{num(round(value / 1024, 1))} GB" if value >= 1024 else f"{num(value)} MB"
+
+
+def num(value: float | int | None) -> str:
+    """A resource amount: whole numbers without decimals, others with one."""
+    if value is None:
+        return "—"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def percent_of(used: float, total: float) -> int:
+    if not total:
+        return 0
+    return max(0, min(100, round(100 * used / total)))
+
+
+def plural(count: int, word: str) -> str:
+    """'1 task', '3 tasks'."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+class Ended(Protocol):
+    """A job, job attempt or task attempt, as far as its outcome goes."""
+
+    exit_type: str
+    exit_code: int | None
+    exit_reason: str
+
+
+def exit_words(item: Ended) -> str:
+    """An ended job, attempt or task's outcome in words: what happened, the
+    exit code when it means something, and the recorded reason."""
+    if not item.exit_type and not item.exit_reason:
+        return ""
+    words = ExitType(item.exit_type).label if item.exit_type else ""
+    if item.exit_type == ExitType.SUCCEEDED:
+        words = "completed successfully"
+    if item.exit_code not in (None, 0) or item.exit_type == ExitType.USER_EXIT:
+        words += f" (exit code {item.exit_code})"
+    reason = (item.exit_reason or "").strip()
+    if reason and reason.lower() not in words.lower():
+        words = f"{words}: {reason}" if words else reason
+    return words[:1].upper() + words[1:]
+
+
+def short_id(container_id: str) -> str:
+    """A container id as `docker ps` shows it."""
+    return container_id[:12]

@@ -1,0 +1,243 @@
+"""The engine interface: what the node agent and the browser terminal ask of
+a container engine, in plain dataclasses, and the registry that finds the
+engine for a URL.
+
+`docker.py` is the Docker implementation, and the only module of the project
+that imports the Docker SDK. Another backend (Kubernetes, Slurm ...) is one
+module that implements `Engine` and calls `register_engine` for its URL
+schemes; nothing above this package changes. Nothing here imports Django.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+# Labels on everything we create; `instance` keeps portals that share an
+# engine (a test run beside a live portal) out of each other's way.
+LABEL_INSTANCE = "pai.instance"
+LABEL_NODE = "pai.node"
+LABEL_JOB = "pai.job"
+LABEL_JOB_ATTEMPT = "pai.job-attempt"
+LABEL_TASK_ATTEMPT = "pai.task-attempt"
+LABEL_TASK = "pai.task"
+LABEL_OWNER = "pai.user"
+
+
+class LaunchError(Exception):
+    """A task could not start. `kind` is an ExitType name: IMAGE_PULL or PLATFORM."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+# Capabilities a task keeps: Docker's default set less NET_RAW (raw sockets:
+# spoofing, ARP tricks on the bridge), MKNOD, SETFCAP, SETPCAP and
+# AUDIT_WRITE. Root in a task can still install packages, chown files and
+# run sshd (SETUID, SETGID and SYS_CHROOT for its privilege separation).
+TASK_CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SYS_CHROOT", "NET_BIND_SERVICE",
+)
+
+
+@dataclass(frozen=True)
+class RegistryAuth:
+    registry: str
+    username: str
+    password: str
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    id: str
+    name: str
+    cpus: int
+    memory_bytes: int
+
+
+@dataclass
+class ContainerSpec:
+    name: str
+    image: str
+    command: str
+    env: dict[str, str]
+    labels: dict[str, str]
+    hostname: str
+    cpus: float
+    memory_mb: int
+    shm_mb: int
+    ports: list[int]
+    bind_address: str
+    network: str
+    # Ports published elsewhere than bind_address: web ports, on the node's
+    # loopback only, for the portal's proxy (SECURITY.md, "Web ports").
+    port_addresses: dict[int, str] = field(default_factory=dict)
+    ip: str = ""
+    extra_hosts: dict[str, str] = field(default_factory=dict)
+    gpu_device_ids: list[str] = field(default_factory=list)
+    code_dir: str = ""  # host folder mounted read-only at /pai/code
+    pids_limit: int = 4096
+    # Files copied in before the start: {"pai/ssh/peers.conf": (content, mode)}.
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    # Every other capability is dropped; no process gains privileges through
+    # setuid binaries or file capabilities (no-new-privileges).
+    capabilities: tuple[str, ...] = TASK_CAPABILITIES
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    id: str
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    labels: dict[str, str]
+
+
+class Engine(Protocol):
+    """One container engine. Safe to share between threads: the node agent
+    calls it from its worker, its reconcile loop and one thread per log
+    stream at once."""
+
+    def info(self) -> EngineInfo:
+        """The engine's id (the same for every node agent on this engine),
+        name, CPUs and memory. Raises if the engine cannot be reached."""
+
+    def close_thread_client(self) -> None:
+        """Drop what the calling thread holds open (a thread about to end
+        calls it); the next call from this thread opens a new one."""
+
+    # ---------------------------------------------------------------- images
+
+    def has_image(self, image: str) -> bool:
+        """Is `image` present on the engine under that very name, so a launch
+        needs no pull? A name that only matches a local image's ID (`3f57d9`)
+        raises LaunchError("IMAGE_PULL"): it would reach an image without the
+        registry's say, whoever pulled it."""
+
+    def check_image_access(self, image: str, auth: RegistryAuth | None) -> None:
+        """Ask the image's registry, without pulling, whether `auth` (None:
+        no credentials) may pull `image`; raises LaunchError("IMAGE_PULL")
+        with the registry's answer if not."""
+
+    def ensure_image(self, image: str, auth: RegistryAuth | None = None) -> bool:
+        """Pull `image` unless present; True if it was pulled. Raises
+        LaunchError("IMAGE_PULL") with a message fit for the user, which
+        never holds the registry password."""
+
+    # -------------------------------------------------------------- networks
+
+    def ensure_network(self, name: str, *, labels: dict[str, str], subnet: str = "", isolated: bool = False) -> None:
+        """Create a network unless it exists (another agent on the engine may
+        be creating it at the same moment: that is success). `subnet` fixes
+        its addresses; `isolated` stops traffic between its containers.
+        Raises LaunchError("PLATFORM")."""
+
+    def remove_network(self, name: str) -> bool:
+        """Remove a network; True if it is gone, False if containers still use it."""
+
+    def protect_node(self, owner: str) -> None:
+        """Keep task containers away from the node itself (every port but
+        published task ports) and from cloud metadata addresses, until
+        `unprotect_node(owner)`; `owner` names the caller's copy of the
+        rules. Raises if it cannot (the agent must not start then)."""
+
+    def unprotect_node(self, owner: str) -> None:
+        """Remove the copy of the rules `owner` installed."""
+
+    def networks(self, labels: dict[str, str]) -> list[tuple[str, dict[str, str], int]]:
+        """(name, labels, number of attached containers) of every network
+        carrying all of `labels`."""
+
+    def disconnect(self, container_id: str, network: str) -> None:
+        """Take a container off a network; quiet if it is not on it."""
+
+    # ------------------------------------------------------------ containers
+
+    def run(self, spec: ContainerSpec) -> str:
+        """Create and start a task's container and return its id. A container
+        of that name that exists already is adopted (a launch retried after a
+        crash). The container runs the prologue, then `spec.command`.
+        Raises LaunchError("PLATFORM"); a container that could not start is
+        removed first."""
+
+    def state(self, container_id: str) -> ContainerState | None:
+        """The container's state now; None if it does not exist."""
+
+    def wait(self, container_id: str) -> ContainerState | None:
+        """Block until the container stops, then its state; None if it does
+        not exist (any more)."""
+
+    def signal(self, container_id: str, signal: str = "SIGTERM") -> None:
+        """Send a signal by name; quiet if the container has stopped or is gone."""
+
+    def remove(self, container_id: str) -> None:
+        """Remove the container, running or not; quiet if it is gone."""
+
+    def containers(self, labels: dict[str, str]) -> list[ContainerState]:
+        """Every container, running or stopped, carrying all of `labels`."""
+
+    def follow_logs(self, container_id: str, stream: int, *, since_ns: int = 0) -> Iterator[tuple[int, bytes]]:
+        """(timestamp in ns since the epoch, payload) of each log entry of
+        stdout (1) or stderr (2), from `since_ns` (entries at or after it,
+        possibly some before: the caller skips what it stored) until the
+        container stops or the connection breaks. A long line may come as
+        several entries; only the last ends in a newline."""
+
+    def exec_status(self, container_id: str, command: list[str]) -> int | None:
+        """Exit code of a short command run in the running container; None
+        if it could not be run."""
+
+    def archive(self, container_id: str, path: str) -> Iterator[bytes] | None:
+        """A tar stream of `path` in the container (works once it stopped);
+        None if there is no such path or container."""
+
+    # -------------------------------------------------------------- terminal
+
+    def open_terminal(
+        self, container_id: str, *, command: list[str], env: list[str] | None = None
+    ) -> tuple[str, socket.socket]:
+        """Start `command` with a TTY in the container: (exec id, a socket
+        the caller owns). Closing the socket ends the session."""
+
+    def resize_terminal(self, exec_id: str, *, rows: int, cols: int) -> None:
+        """Tell a terminal its new size; quiet if the session is gone."""
+
+
+# ------------------------------------------------------------------ registry
+
+_FACTORIES: dict[str, Callable[[str], Engine]] = {}
+
+
+def register_engine(scheme: str, factory: Callable[[str], Engine]) -> None:
+    """Engines for URLs `scheme://...` are made by `factory(url)`."""
+    _FACTORIES[scheme] = factory
+
+
+def engine_for(url: str) -> Engine:
+    """The engine at `url` (settings.DOCKER_HOST, a node's docker_host)."""
+    scheme, found, _rest = url.partition("://")
+    factory = _FACTORIES.get(scheme) if found else None
+    if factory is None:
+        known = ", ".join(f"{s}://" for s in sorted(_FACTORIES))
+        raise ValueError(f"no engine for {url!r}: known schemes are {known}")
+    return factory(url)
+
+
+def _docker(url: str) -> Engine:
+    # Imported on first use, so that reading this interface (or running
+    # another backend) does not load the Docker SDK.
+    from jobs.node.launcher.docker import DockerEngine
+
+    return DockerEngine(url)
+
+
+for _scheme in ("unix", "tcp", "http", "https", "ssh", "npipe"):
+    register_engine(_scheme, _docker)

@@ -1,0 +1,337 @@
+"""Task logs on the node: engine log entries become ordered lines per
+stream, written to the database in batches together with a resume cursor.
+(Pages and the API read them with jobs/logs.py.)
+
+Why a cursor of (engine timestamp, count): the engine stamps every log entry
+with nanoseconds, so "everything after the last stored entry" can be asked
+again after a node agent restarts, and entries sharing one timestamp are
+told apart by how many of them were already stored. The cursor is written in
+the same transaction as the lines it covers: no line is lost, none is stored
+twice.
+
+Platform notes ("pulling image", "staged codeDir" ...) go through the same
+writer on their own stream, numbered from the writer's memory and a cursor
+row like the other streams, so two notes never race for a number.
+
+Two limits, each ending in a marker line (the task keeps running): per
+task attempt and stream, LOG_MAX_BYTES_PER_TASK; per job, over all its
+tasks, streams and attempts, LOG_MAX_BYTES_PER_JOB and LOG_MAX_ROWS_PER_JOB
+(rows too: an empty line is one byte but a whole database row). A job's
+totals are the sums of its cursor rows, read in the transaction that adds
+to them, with the job's row locked, so agents on several nodes writing for
+one job count the same totals.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from jobs import services
+from jobs.logs import last_seq
+from jobs.models import Job, LogCursor, LogLine, Stream, TaskAttempt
+
+log = logging.getLogger(__name__)
+MB = 1024 * 1024
+
+
+def _size(size: int) -> str:
+    return f"{size / MB:g} MB" if size >= MB else f"{size} bytes"
+
+
+def _clean(payload: bytes) -> str:
+    """Bytes to storable text: invalid UTF-8 and NUL become U+FFFD."""
+    return payload.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+class LineAssembler:
+    """Complete lines out of one stream's entries, with the cursor after each.
+
+    Docker splits lines longer than 16 KB into several entries (only the last
+    ends in a newline), so entries are joined until a newline arrives.
+    """
+
+    def __init__(self, *, last_ts_ns: int = 0, count_at_ts: int = 0, max_line_chars: int = 65536) -> None:
+        self._resume_ts = last_ts_ns
+        self._to_skip = count_at_ts
+        self._ts = last_ts_ns
+        self._count = count_at_ts
+        self._partial: list[bytes] = []
+        self._max = max_line_chars
+        self.cursor = (last_ts_ns, count_at_ts)
+
+    def already_stored(self, ts_ns: int) -> bool:
+        if ts_ns < self._resume_ts:
+            return True
+        if ts_ns == self._resume_ts and self._to_skip > 0:
+            self._to_skip -= 1
+            return True
+        return False
+
+    def feed(self, ts_ns: int, payload: bytes) -> list[str]:
+        if ts_ns == self._ts:
+            self._count += 1
+        else:
+            self._ts, self._count = ts_ns, 1
+        self._partial.append(payload)
+        if not payload.endswith(b"\n"):
+            return []
+        return self._complete()
+
+    def finish(self) -> list[str]:
+        """The last line of a stream that ended without a newline."""
+        return self._complete() if self._partial else []
+
+    def _complete(self) -> list[str]:
+        text = _clean(b"".join(self._partial))
+        self._partial.clear()
+        if text.endswith("\n"):
+            text = text[:-1]
+        if text.endswith("\r"):
+            text = text[:-1]
+        self.cursor = (self._ts, self._count)
+        if len(text) <= self._max:
+            return [text]
+        return [text[i : i + self._max] for i in range(0, len(text), self._max)]
+
+
+@dataclass
+class _StreamState:
+    next_seq: int
+    bytes_stored: int
+    truncated: bool
+    cursor: tuple[int, int]
+
+
+@dataclass
+class _JobRoom:
+    """What a job may still store, over all its tasks (one per job and write)."""
+
+    bytes: int
+    rows: int
+
+
+@dataclass
+class _Batch:
+    attempt_id: int
+    stream: int
+    lines: list[str]
+    cursor: tuple[int, int]
+
+
+@dataclass
+class _Note:
+    attempt_id: int
+    text: str  # stamped with the moment it was handed over
+
+
+class LogWriter:
+    """One thread per node agent that writes every task's lines in batches."""
+
+    def __init__(self, *, flush_seconds: float | None = None, max_bytes: int | None = None,
+                 max_job_bytes: int | None = None, max_job_rows: int | None = None) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._flush_seconds = flush_seconds if flush_seconds is not None else settings.LOG_FLUSH_SECONDS
+        self._max_bytes = max_bytes if max_bytes is not None else settings.LOG_MAX_BYTES_PER_TASK
+        self._max_job_bytes = max_job_bytes if max_job_bytes is not None else settings.LOG_MAX_BYTES_PER_JOB
+        self._max_job_rows = max_job_rows if max_job_rows is not None else settings.LOG_MAX_ROWS_PER_JOB
+        self._states: dict[tuple[int, int], _StreamState] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.barrier(timeout=30)
+        self._stopping.set()
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def open(self, attempt_id: int, stream: int) -> LogCursor:
+        """The stored cursor of a stream (made if missing), before following it."""
+        cursor, _ = LogCursor.objects.get_or_create(attempt_id=attempt_id, stream=stream)
+        with self._lock:
+            self._states[(attempt_id, stream)] = _StreamState(
+                cursor.next_seq, cursor.bytes_stored, cursor.truncated, (cursor.last_ts_ns, cursor.count_at_ts)
+            )
+        return cursor
+
+    def truncated(self, attempt_id: int, stream: int) -> bool:
+        with self._lock:
+            state = self._states.get((attempt_id, stream))
+            return bool(state and state.truncated)
+
+    def add(self, attempt_id: int, stream: int, lines: list[str], cursor: tuple[int, int]) -> None:
+        if lines:
+            self._queue.put(_Batch(attempt_id, stream, lines, cursor))
+
+    def note(self, attempt_id: int, text: str) -> None:
+        """A platform message (image pulled, code staged ...) on the task's
+        "platform" stream, kept apart from what the command printed. Written
+        with the next batch; `barrier()` waits for it like for lines."""
+        self._queue.put(_Note(attempt_id, f"{timezone.now():%Y-%m-%d %H:%M:%S}Z {text}"))
+
+    def barrier(self, timeout: float = 30.0) -> bool:
+        """Wait until every line and note handed over so far is committed."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def forget(self, attempt_id: int) -> None:
+        """Drop a finished task's stream states. Call it after a barrier: a
+        note still queued would read its stream's cursor row again and stay."""
+        with self._lock:
+            for stream in Stream.values:
+                self._states.pop((attempt_id, stream), None)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            item = self._queue.get()
+            if item is None:
+                break
+            items: list[_Batch | _Note] = []
+            events: list[threading.Event] = []
+            deadline = time.monotonic() + self._flush_seconds
+            while item is not None:
+                (events if isinstance(item, threading.Event) else items).append(item)
+                if isinstance(item, threading.Event) or len(items) > 5000:
+                    break
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+            if item is None:
+                self._stopping.set()
+            self._write_with_retry(items)
+            for event in events:
+                event.set()
+        connection.close()
+
+    def _write_with_retry(self, items: list[_Batch | _Note]) -> None:
+        for attempt in range(5):
+            try:
+                close_old_connections()
+                self._write(items)
+                return
+            except Exception:  # a locked or lost database: keep the lines, try again
+                log.exception("writing %d log batches failed (try %d)", len(items), attempt + 1)
+                connection.close()
+                time.sleep(0.5 * (attempt + 1))
+                items = self._of_live_attempts(items)
+
+    def _of_live_attempts(self, items: list[_Batch | _Note]) -> list[_Batch | _Note]:
+        """A finished job may be deleted while a last note of it is queued;
+        its rows would fail the whole batch on every try, so drop them."""
+        try:
+            live = set(TaskAttempt.objects.filter(pk__in={i.attempt_id for i in items}).values_list("pk", flat=True))
+        except Exception:
+            return items  # the database is still away: try again as it was
+        return [i for i in items if i.attempt_id in live]
+
+    def _write(self, items: list[_Batch | _Note]) -> None:
+        rows: list[LogLine] = []
+        touched: dict[tuple[int, int], _StreamState] = {}
+        with self._lock:
+            states = {key: _StreamState(**vars(state)) for key, state in self._states.items()}
+        now = timezone.now()
+        with transaction.atomic():
+            room = self._job_room({item.attempt_id for item in items if isinstance(item, _Batch)})
+            for item in items:
+                if isinstance(item, _Note):
+                    key = (item.attempt_id, Stream.PLATFORM)
+                    state = states.get(key)
+                    if state is None:
+                        state = states[key] = self._open_platform(item.attempt_id)
+                    self._add_note(state, item, rows)
+                else:
+                    key = (item.attempt_id, item.stream)
+                    state = states.get(key)
+                    if state is None or state.truncated:
+                        continue
+                    self._add_lines(state, item, rows, room.get(item.attempt_id))
+                touched[key] = state
+            if not touched:
+                return
+            LogLine.objects.bulk_create(rows, batch_size=1000)
+            for (attempt_id, stream), state in touched.items():
+                LogCursor.objects.filter(attempt_id=attempt_id, stream=stream).update(
+                    next_seq=state.next_seq, bytes_stored=state.bytes_stored, truncated=state.truncated,
+                    last_ts_ns=state.cursor[0], count_at_ts=state.cursor[1],
+                )
+            # What the command printed is a sign of use; our own notes are not.
+            services.attempts_note_activity({a for a, s in touched if s != Stream.PLATFORM}, now=now)
+        with self._lock:
+            for key, state in touched.items():
+                if key in self._states:
+                    self._states[key] = state
+
+    def _job_room(self, attempt_ids: set[int]) -> dict[int, _JobRoom]:
+        """Each attempt's job's room, one shared object per job. Runs in the
+        write's transaction: the job rows are locked (PostgreSQL; SQLite's
+        IMMEDIATE transactions are serial anyway) before their totals are read."""
+        if not attempt_ids:
+            return {}
+        job_of = dict(TaskAttempt.objects.filter(pk__in=attempt_ids).values_list("pk", "job_id"))
+        list(Job.objects.select_for_update().filter(pk__in=set(job_of.values())).values_list("pk", flat=True))
+        totals = (LogCursor.objects.filter(attempt__job_id__in=set(job_of.values())).values("attempt__job_id")
+                  .annotate(stored=Sum("bytes_stored"), rows=Sum("next_seq")))
+        rooms = {job: _JobRoom(self._max_job_bytes, self._max_job_rows) for job in job_of.values()}
+        for total in totals:
+            room = rooms[total["attempt__job_id"]]
+            room.bytes -= total["stored"] or 0
+            room.rows -= total["rows"] or 0
+        return {attempt: rooms[job] for attempt, job in job_of.items()}
+
+    def _open_platform(self, attempt_id: int) -> _StreamState:
+        """The platform stream's state, from its cursor row (made if missing),
+        so numbering goes on after an agent restart. Runs in the writer thread,
+        which alone numbers notes."""
+        cursor, _ = LogCursor.objects.get_or_create(
+            attempt_id=attempt_id, stream=Stream.PLATFORM,
+            # Notes written before notes had a cursor row: number after them.
+            defaults={"next_seq": last_seq(attempt_id, Stream.PLATFORM) + 1},
+        )
+        state = _StreamState(cursor.next_seq, cursor.bytes_stored, cursor.truncated, (0, 0))
+        with self._lock:
+            self._states.setdefault((attempt_id, Stream.PLATFORM), state)
+        return _StreamState(**vars(state))
+
+    def _add_note(self, state: _StreamState, note: _Note, rows: list[LogLine]) -> None:
+        # Notes are ours, few and short: the size limit per task is for the command's output.
+        rows.append(LogLine(attempt_id=note.attempt_id, stream=Stream.PLATFORM, seq=state.next_seq, text=note.text))
+        state.next_seq += 1
+        state.bytes_stored += len(note.text.encode("utf-8")) + 1
+
+    def _add_lines(self, state: _StreamState, batch: _Batch, rows: list[LogLine], job: _JobRoom | None) -> None:
+        for line in batch.lines:
+            size = len(line.encode("utf-8")) + 1
+            marker = None
+            if state.bytes_stored + size > self._max_bytes:
+                marker = (f"[log truncated: this stream passed the {self._max_bytes / MB:g} MB limit per task "
+                          "(LOG_MAX_BYTES_PER_TASK); later output is not stored. The task keeps running.]")
+            elif job is not None and (size > job.bytes or job.rows < 1):
+                marker = (f"[log truncated: this job passed its limit of {self._max_job_rows} lines or "
+                          f"{_size(self._max_job_bytes)} over all its tasks and attempts (LOG_MAX_ROWS_PER_JOB, "
+                          "LOG_MAX_BYTES_PER_JOB); later output is not stored. The task keeps running.]")
+            if marker is not None:
+                rows.append(LogLine(attempt_id=batch.attempt_id, stream=batch.stream, seq=state.next_seq, text=marker))
+                state.next_seq += 1
+                state.truncated = True
+                break
+            rows.append(LogLine(attempt_id=batch.attempt_id, stream=batch.stream, seq=state.next_seq, text=line))
+            state.next_seq += 1
+            state.bytes_stored += size
+            if job is not None:
+                job.bytes -= size
+                job.rows -= 1
+        state.cursor = batch.cursor

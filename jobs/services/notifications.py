@@ -1,0 +1,299 @@
+"""Telling users when their jobs change state: a webhook and e-mail.
+
+Three parts, in the order an event meets them:
+
+- `job_state_changed` is called by the lifecycle (lifecycle.py, and
+  scheduling.py for WAITING -> RUNNING) inside the transaction that made
+  the change, right after its conditional UPDATE. It only looks whether the
+  owner (or the job's `extras.jobStatusChangeNotification`) asks for
+  anything and, if so, enqueues the event after commit: a slow or dead
+  receiver never holds up a state change, and a rolled-back change tells
+  no one.
+- `job_state_notify` runs in a node agent's worker (jobs/tasks.py, the
+  notify queue): it records one delivery row per channel and tries each.
+- `delivery_try` makes one try; a failure worth repeating is tried again
+  after the next wait of WEBHOOK_RETRY_SECONDS (queues.schedule_delivery_retry,
+  moved back onto the queue by the agents' heartbeats).
+
+Webhook bodies are signed with the user's secret (jobs/webhooks.py, which
+also keeps deliveries inside WEBHOOK_ALLOWED_NETWORKS). The Profile page and
+`/api/v1/user/{user}/webhook` change the settings through the functions at
+the top.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import smtplib
+from collections.abc import Collection
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db import transaction
+from django.db.models import F
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs import keys, queues, webhooks
+from jobs.models import NOTIFY_STATES, Job, NotificationDelivery, NotificationSettings, User
+
+log = logging.getLogger(__name__)
+
+EVENT = "jobStateChanged"
+SECRET_MIN_LENGTH = 16
+SECRET_MAX_LENGTH = 256
+# Delivery rows kept per user (the page shows the latest RECENT).
+KEEP_PER_USER = 200
+RECENT = 20
+Status = NotificationDelivery.Status
+Channel = NotificationDelivery.Channel
+
+
+class NotificationError(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+# ------------------------------------------------------------------ settings
+
+
+def email_configured() -> bool:
+    return bool(settings.EMAIL_HOST)
+
+
+def settings_for(user: User) -> NotificationSettings | None:
+    return NotificationSettings.objects.filter(user=user).first()
+
+
+def webhook_url_problem(url: str) -> str | None:
+    """Why `url` cannot be a webhook, or None. Host names are checked at
+    each delivery, on the addresses they resolve to then."""
+    try:
+        target = webhooks.parse_url(url)
+    except ValueError as exc:
+        return str(exc)
+    address = webhooks.literal_address(target.host)
+    if address is not None and not webhooks.address_allowed(address, settings.WEBHOOK_ALLOWED_NETWORKS):
+        return f"{address} is outside the networks webhooks may reach (WEBHOOK_ALLOWED_NETWORKS)"
+    return None
+
+
+def webhook_set(*, user: User, url: str, secret: str | None) -> NotificationSettings:
+    """Set the user's webhook. `secret` None keeps the one set before (the
+    Profile page leaves the field empty to keep it)."""
+    url = url.strip()
+    problem = webhook_url_problem(url)
+    if problem:
+        raise NotificationError("url", problem)
+    row, _created = NotificationSettings.objects.get_or_create(user=user)
+    if secret is None and not row.webhook_secret_sealed:
+        raise NotificationError("secret", "a secret is required: deliveries are signed with it")
+    if secret is not None and not SECRET_MIN_LENGTH <= len(secret) <= SECRET_MAX_LENGTH:
+        raise NotificationError("secret", f"the secret must be {SECRET_MIN_LENGTH} to {SECRET_MAX_LENGTH} characters")
+    sealed = keys.seal_private_key(secret) if secret is not None else row.webhook_secret_sealed
+    NotificationSettings.objects.filter(pk=row.pk).update(webhook_url=url, webhook_secret_sealed=sealed,
+                                                          updated_at=timezone.now())
+    row.refresh_from_db()
+    return row
+
+
+def webhook_remove(*, user: User) -> bool:
+    """False if there was none. Retries still waiting are given up."""
+    return NotificationSettings.objects.filter(user=user).exclude(webhook_url="").update(
+        webhook_url="", webhook_secret_sealed="", updated_at=timezone.now()) == 1
+
+
+def email_states_set(*, user: User, states: Collection[str]) -> NotificationSettings:
+    unknown = set(states) - set(NOTIFY_STATES)
+    if unknown:
+        raise NotificationError("states", f"unknown job states: {', '.join(sorted(unknown))}")
+    row, _created = NotificationSettings.objects.get_or_create(user=user)
+    chosen = [state for state in NOTIFY_STATES if state in states]
+    NotificationSettings.objects.filter(pk=row.pk).update(email_states=chosen, updated_at=timezone.now())
+    row.refresh_from_db()
+    return row
+
+
+def deliveries_recent(user: User, limit: int = RECENT) -> list[NotificationDelivery]:
+    return list(NotificationDelivery.objects.filter(user=user).order_by("-id")[:limit])
+
+
+# ------------------------------------------------------------ the lifecycle's hook
+
+
+def job_asks(job: Job, state: str) -> bool:
+    """OpenPAI's `extras.jobStatusChangeNotification` ({"running": true,
+    "failed": true, ...}; `true` for every state) asks for e-mail."""
+    value = job.spec.extras.get("jobStatusChangeNotification")
+    if value is True:
+        return True
+    return isinstance(value, dict) and value.get(state.lower()) is True
+
+
+def job_state_changed(*, job: Job, previous: str, state: str, reason: str = "", at: datetime | None = None) -> None:
+    """The job went from `previous` to `state` in the current transaction:
+    tell its owner after commit, if they (or the job) asked to be told."""
+    if state not in NOTIFY_STATES:
+        return
+    row = NotificationSettings.objects.filter(user_id=job.owner_id).values_list("webhook_url", "email_states").first()
+    webhook = bool(row and row[0])
+    email = email_configured() and (bool(row and state in row[1]) or job_asks(job, state))
+    if not (webhook or email):
+        return
+    event = {"job_id": job.pk, "owner_id": job.owner_id, "job_name": job.name, "state": state, "previous": previous,
+             "reason": reason, "time": _timestamp(at or timezone.now())}
+    transaction.on_commit(lambda: _enqueue(event))
+
+
+def _enqueue(event: dict[str, Any]) -> None:
+    try:
+        queues.enqueue_notification(event)
+    except Exception:  # Redis away: the state change stands; this notice is lost
+        log.exception("could not enqueue the notification of job %s %s", event["job_id"], event["state"])
+
+
+def _timestamp(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# ------------------------------------------------------------------ the worker
+
+
+def _payload(event: dict[str, Any], username: str) -> dict[str, Any]:
+    path = reverse("jobs:detail", args=[event["job_id"]])
+    return {
+        "event": EVENT, "job": f"{username}~{event['job_name']}", "jobName": event["job_name"], "user": username,
+        "state": event["state"], "previousState": event["previous"], "exitReason": event["reason"] or None,
+        "time": event["time"], "url": f"{settings.PORTAL_URL}{path}",
+    }
+
+
+def job_state_notify(event: dict[str, Any]) -> list[int]:
+    """Record a delivery per channel the owner wants for this event and try
+    each once; returns the deliveries' ids."""
+    owner = User.objects.filter(pk=event["owner_id"]).first()
+    if owner is None:
+        return []
+    row = settings_for(owner)
+    job = Job.objects.filter(pk=event["job_id"]).first()
+    payload = _payload(event, owner.username)
+    made: list[NotificationDelivery] = []
+    if row and row.webhook_url:
+        made.append(NotificationDelivery(user=owner, job=job, channel=Channel.WEBHOOK, payload=payload,
+                                         target=row.webhook_url))
+    wanted = bool(row and event["state"] in row.email_states) or (job is not None and job_asks(job, event["state"]))
+    if email_configured() and wanted:
+        made.append(NotificationDelivery(user=owner, job=job, channel=Channel.EMAIL, payload=payload,
+                                         target=owner.email))
+    if not made:
+        return []
+    ids = [delivery.pk for delivery in NotificationDelivery.objects.bulk_create(made)]
+    _prune(owner)
+    for delivery_id in ids:
+        delivery_try(delivery_id)
+    return ids
+
+
+def _prune(owner: User) -> None:
+    """Keep a user's newest KEEP_PER_USER deliveries (and any still going)."""
+    cutoff = list(NotificationDelivery.objects.filter(user=owner).order_by("-id")
+                  .values_list("id", flat=True)[KEEP_PER_USER:KEEP_PER_USER + 1])
+    if cutoff:
+        NotificationDelivery.objects.filter(user=owner, id__lte=cutoff[0]).exclude(
+            status__in=(Status.PENDING, Status.SENDING, Status.RETRYING)).delete()
+
+
+def delivery_try(delivery_id: int) -> str | None:
+    """Try a delivery once and record how it went; returns its new status
+    (None if it was not waiting for a try: done, or taken by another worker)."""
+    claimed = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING)).update(
+        status=Status.SENDING, tries=F("tries") + 1, last_try_at=timezone.now(), next_try_at=None)
+    if not claimed:
+        return None
+    delivery = NotificationDelivery.objects.get(pk=delivery_id)
+    if delivery.channel == Channel.WEBHOOK:
+        target, outcome = _send_webhook(delivery)
+    else:
+        target, outcome = delivery.target, _send_email(delivery)
+    return _record(delivery, target, outcome)
+
+
+def _send_webhook(delivery: NotificationDelivery) -> tuple[str, webhooks.Outcome]:
+    # The webhook as it is now: a changed URL or secret applies to retries too.
+    row = NotificationSettings.objects.filter(user_id=delivery.user_id).first()
+    if row is None or not row.webhook_url:
+        return delivery.target, webhooks.Outcome(False, retry=False, message="the webhook was removed")
+    try:
+        secret = keys.open_private_key(row.webhook_secret_sealed)
+    except keys.SealedKeyUnreadable:
+        return row.webhook_url, webhooks.Outcome(False, retry=False, message="the webhook's secret was sealed with "
+                                                 "a secret key this portal no longer has: set the webhook again")
+    body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
+    headers = {webhooks.SIGNATURE_HEADER: webhooks.sign(body, secret), "X-Portal-Event": EVENT,
+               "X-Portal-Delivery": str(delivery.pk)}
+    outcome = webhooks.post(row.webhook_url, body, headers, networks=settings.WEBHOOK_ALLOWED_NETWORKS,
+                            timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
+    return row.webhook_url, outcome
+
+
+def email_subject(payload: dict[str, Any]) -> str:
+    return f"Job {payload['job']} is {payload['state'].lower()}"
+
+
+def _email_text(payload: dict[str, Any]) -> str:
+    lines = [f"Your job {payload['job']} went from {payload['previousState']} to {payload['state']} "
+             f"at {payload['time']}."]
+    if payload["exitReason"]:
+        lines.append(f"Reason: {payload['exitReason']}")
+    lines += [f"Job page: {payload['url']}", "",
+              "You get this because you asked for it on your Profile page, or the job's config asks for it "
+              "(extras.jobStatusChangeNotification)."]
+    return "\n".join(lines)
+
+
+def _send_email(delivery: NotificationDelivery) -> webhooks.Outcome:
+    if not email_configured():
+        return webhooks.Outcome(False, retry=False, message="the portal has no SMTP server (EMAIL_HOST)")
+    if not delivery.target:
+        return webhooks.Outcome(False, retry=False, message="your account has no e-mail address; ask an admin")
+    message = EmailMessage(email_subject(delivery.payload), _email_text(delivery.payload), to=[delivery.target],
+                           headers={"Auto-Submitted": "auto-generated"})
+    try:
+        message.send()
+    except smtplib.SMTPRecipientsRefused as exc:
+        codes = [code for code, _text in exc.recipients.values()]
+        return webhooks.Outcome(False, retry=any(code < 500 for code in codes),
+                                message=f"the SMTP server refused {delivery.target}: {codes}")
+    except smtplib.SMTPResponseException as exc:
+        return webhooks.Outcome(False, retry=exc.smtp_code < 500, status=exc.smtp_code,
+                                message=f"SMTP {exc.smtp_code}: {exc.smtp_error!r}")
+    except (smtplib.SMTPException, OSError) as exc:
+        return webhooks.Outcome(False, retry=True, message=f"SMTP failed: {exc}")
+    return webhooks.Outcome(True, retry=False, message="accepted by the SMTP server")
+
+
+def _record(delivery: NotificationDelivery, target: str, outcome: webhooks.Outcome) -> str:
+    waits = settings.WEBHOOK_RETRY_SECONDS
+    message = outcome.message
+    next_try = None
+    if outcome.delivered:
+        status = Status.DELIVERED
+    elif outcome.refused:
+        status = Status.REFUSED
+    elif outcome.retry and delivery.tries <= len(waits):
+        status = Status.RETRYING
+        next_try = timezone.now() + timedelta(seconds=waits[delivery.tries - 1])
+    else:
+        status = Status.FAILED
+        if outcome.retry:
+            message += f" (gave up after {delivery.tries} tries)"
+    NotificationDelivery.objects.filter(pk=delivery.pk).update(
+        status=status, target=target, response_code=outcome.status, result=message[:2000], next_try_at=next_try)
+    if next_try is not None:
+        queues.schedule_delivery_retry(delivery.pk, next_try.timestamp())
+    return status

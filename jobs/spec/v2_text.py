@@ -1,0 +1,235 @@
+"""Protocol v2's `<% $name.path %>` references, and keeping secrets secret.
+
+OpenPAI renders a task role's commands once, at submission, with mustache
+and `<%`/`%>` delimiters: `$parameters`, `$secrets` and the role's
+`$script`, `$data` and `$output` prerequisites are looked up by dotted path
+(`$data.uri[0]` is `$data.uri.0`), and the whole result is trimmed. We do
+the same, with two differences (ours): a reference to nothing, or any other
+mustache tag, is an error instead of an empty string; and a secret is not
+written into the command. It stays a reference, in the one spelling
+SECRET_REF makes, until the node agent starts the container
+(`resolve_secrets`), so the stored job, its pages and the API never hold it.
+
+Masking: what a job keeps of the text as submitted has every secret value
+replaced by MASK (in place, comments and layout kept), and any other place
+the text spells a secret of at least MIN_SCRUBBED characters is masked too.
+Pure: no Django, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import yaml
+
+from jobs.spec.yaml_reader import YamlDocument, YamlProblem, load
+
+MASK = "******"
+MIN_SCRUBBED = 4
+ROOTS = ("parameters", "secrets", "script", "data", "output")
+
+_TAG_RE = re.compile(r"<%(.*?)%>", re.DOTALL)
+_PATH_RE = re.compile(r"^\$(?P<root>[A-Za-z]+)(?P<path>(?:\.[^.\s\[\]]+|\[\d+\])*)$")
+_STEP_RE = re.compile(r"\.([^.\s\[\]]+)|\[(\d+)\]")
+_SECRET_REF_RE = re.compile(r"<% \$secrets((?:\.[A-Za-z0-9_-]+)+) %>")
+
+
+class RenderProblem(ValueError):
+    pass
+
+
+def secret_ref(path: str) -> str:
+    """How a command keeps a reference to a secret until launch."""
+    return f"<% $secrets{path} %>"
+
+
+def _steps(path: str) -> list[str]:
+    return [name or index for name, index in _STEP_RE.findall(path)]
+
+
+def lookup(value: Any, path: str) -> tuple[bool, Any]:
+    """(found, value) at a dotted path (`.a.b`, `.uri[0]` or `.uri.0`)."""
+    for step in _steps(path):
+        if isinstance(value, dict) and step in value:
+            value = value[step]
+        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+            value = value[int(step)]
+        else:
+            return False, None
+    return True, value
+
+
+def as_text(value: Any) -> str:
+    """A value as JavaScript's String() writes it, as OpenPAI inserted it."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, list):
+        return ",".join(as_text(item) for item in value)
+    if isinstance(value, dict):
+        raise RenderProblem("is a mapping; name one of its fields")
+    return str(value)
+
+
+def render(template: str, context: dict[str, Any], *, missing: dict[str, str]) -> str:
+    """`template` with every reference replaced; secrets stay references.
+    `context` maps each root to its value (None: the role names none);
+    `missing` says, per root, what to write when it is None."""
+    problems: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        inside = match.group(1).strip()
+        parsed = _PATH_RE.match(inside)
+        if parsed is None or parsed.group("root") not in ROOTS:
+            problems.append(f"<%{match.group(1)}%> is not a reference this portal knows; write <% $parameters.name %>, "
+                            "<% $secrets.name %>, <% $script.uri %>, <% $data.uri[0] %> or <% $output.uri %>")
+            return ""
+        root, path = parsed.group("root"), parsed.group("path")
+        if not path:
+            problems.append(f"<% ${root} %> names the whole {root}; name one field, like <% ${root}.name %>")
+            return ""
+        if context.get(root) is None:
+            problems.append(f"<% {inside} %>: {missing[root]}")
+            return ""
+        found, value = lookup(context[root], path)
+        if not found:
+            problems.append(f"<% {inside} %>: there is no {root}{path}")
+            return ""
+        if root == "secrets":
+            if isinstance(value, (dict, list)):
+                problems.append(f"<% {inside} %> is not a single value")
+                return ""
+            return secret_ref("".join(f".{step}" for step in _steps(path)))
+        try:
+            return as_text(value)
+        except RenderProblem as exc:
+            problems.append(f"<% {inside} %> {exc}")
+            return ""
+
+    text = _TAG_RE.sub(replace, template)
+    if "<%" in _TAG_RE.sub("", template):
+        problems.append("a <% is never closed with %>")
+    if problems:
+        raise RenderProblem("; ".join(problems))
+    return text
+
+
+def resolve_secrets(command: str, secrets: dict[str, Any]) -> str:
+    """The command a container runs: each secret reference replaced by its
+    value. Only the node agent calls this, right before the launch."""
+    def value(match: re.Match[str]) -> str:
+        found, secret = lookup(secrets, match.group(1))
+        return as_text(secret) if found and not isinstance(secret, (dict, list)) else ""
+
+    return _SECRET_REF_RE.sub(value, command)
+
+
+# ------------------------------------------------------------------- masking
+
+
+def secret_leaves(secrets: Any, path: str = "") -> list[tuple[str, str]]:
+    """(path, text) of every secret, longest first (so no shorter one splits it)."""
+    found: list[tuple[str, str]] = []
+    if isinstance(secrets, dict):
+        for key, item in secrets.items():
+            found.extend(secret_leaves(item, f"{path}.{key}"))
+    elif secrets is not None and not isinstance(secrets, list):
+        found.append((path, as_text(secrets)))
+    return sorted((leaf for leaf in found if leaf[1]), key=lambda leaf: len(leaf[1]), reverse=True)
+
+
+def secret_values(secrets: Any) -> list[str]:
+    return list(dict.fromkeys(text for _, text in secret_leaves(secrets)))
+
+
+def as_references(command: str, secrets: Any) -> str:
+    """A command with every literal spelling of a secret (MIN_SCRUBBED
+    characters or more) turned into its reference: the stored job then holds
+    no secret even where the user typed one out."""
+    for path, text in secret_leaves(secrets):
+        if len(text) >= MIN_SCRUBBED:
+            command = command.replace(text, secret_ref(path))
+    return command
+
+
+def scrub(text: str, secrets: Any) -> str:
+    """`text` with every spelling of a secret (of MIN_SCRUBBED characters or
+    more) masked: for messages and anything else a secret may reach."""
+    for secret in secret_values(secrets):
+        if len(secret) >= MIN_SCRUBBED:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def masked_value(value: dict[str, Any]) -> dict[str, Any]:
+    """A decoded config with each secret's value replaced by MASK."""
+    def mask(item: Any) -> Any:
+        return {key: mask(inner) for key, inner in item.items()} if isinstance(item, dict) else MASK
+
+    secrets = value.get("secrets")
+    return {**value, "secrets": mask(secrets)} if isinstance(secrets, dict) else dict(value)
+
+
+def masked_yaml(text: str, document: YamlDocument) -> str:
+    """The YAML as submitted, secrets masked where they stand (comments and
+    layout kept). When that cannot be done in place, a plain dump."""
+    secrets = document.value.get("secrets") if isinstance(document.value, dict) else None
+    if not isinstance(secrets, dict) or not secrets:
+        return text
+    spans = sorted(_secret_spans(document), reverse=True)
+    masked = text
+    for start, end in spans:
+        span = masked[start:end]
+        tail = span[len(span.rstrip("\n")):]
+        masked = masked[:start] + f"'{MASK}'" + tail + masked[end:]
+    masked = scrub(masked, secrets)
+    if _is_masked(masked, document.value):
+        return masked
+    dumped = yaml.safe_dump(masked_value(document.value), sort_keys=False, allow_unicode=True)
+    return scrub(dumped, secrets)
+
+
+def masked_json(value: dict[str, Any]) -> str:
+    return scrub(json.dumps(masked_value(value), indent=2, ensure_ascii=False), value.get("secrets")) + "\n"
+
+
+def _secret_spans(document: YamlDocument) -> list[tuple[int, int]]:
+    root = document.root
+    node = next((v for k, v in root.value if getattr(k, "value", None) == "secrets"), None)
+    spans: list[tuple[int, int]] = []
+
+    def leaves(item: yaml.Node) -> None:
+        if isinstance(item, yaml.MappingNode):
+            for _, inner in item.value:
+                leaves(inner)
+        elif isinstance(item, yaml.SequenceNode):
+            for inner in item.value:
+                leaves(inner)
+        else:
+            spans.append((item.start_mark.index, item.end_mark.index))
+
+    if node is not None:
+        leaves(node)
+    return spans
+
+
+def _is_masked(masked: str, original: dict[str, Any]) -> bool:
+    """The masked text still reads as the same config, secrets masked."""
+    try:
+        again = load(masked).value
+    except YamlProblem:
+        return False
+    return again == _scrub_all(masked_value(original), original.get("secrets"))
+
+
+def _scrub_all(value: Any, secrets: Any) -> Any:
+    if isinstance(value, dict):
+        return {scrub(key, secrets): _scrub_all(item, secrets) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_scrub_all(item, secrets) for item in value]
+    return scrub(value, secrets) if isinstance(value, str) else value

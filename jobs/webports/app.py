@@ -1,0 +1,118 @@
+"""The proxy as an ASGI application: every request whose Host is under
+PORTAL_PROXY_DOMAIN comes here (portal/asgi.py), never to the portal's views.
+
+A task host answers one path itself (ENTER_PATH: a ticket in, the proxy's
+cookie out); everything else needs that cookie and a fresh check that its
+user may still use the port, then goes through to the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from jobs.services import webports
+from jobs.webports import headers as hdrs
+from jobs.webports.forward_http import forward_http, plain_response
+from jobs.webports.forward_ws import CLOSE_FORBIDDEN, forward_websocket
+
+log = logging.getLogger(__name__)
+
+NOT_SIGNED_IN = ("Not signed in to this task's port. Sign in to the portal and open the port from its job page "
+                 "(only the job's owner and portal admins may).")
+ENTER_REFUSED = ("This link has expired or was used already, or the task is no longer running: open the port "
+                 "again from its job page.")
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str:
+    return next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == name), "")
+
+
+def _secure(scope: dict[str, Any]) -> bool:
+    return scope.get("scheme") in ("https", "wss") or settings.HTTPS
+
+
+@database_sync_to_async
+def _target_of(grant: webports.Grant) -> webports.WebPortTarget | None:
+    return webports.grant_target(grant)
+
+
+@database_sync_to_async
+def _redeem(ticket: str, host: webports.TaskHost) -> webports.Grant | None:
+    return webports.ticket_redeem(ticket, host=host)
+
+
+def _cookie_grants(scope: dict[str, Any], host: webports.TaskHost) -> list[webports.Grant]:
+    """Every valid proxy cookie for this host: a job on a sibling host may
+    have set a cookie of the same name on the parent domain."""
+    values = [v for k, v in hdrs.cookie_pairs(scope["headers"]) if k == webports.COOKIE_NAME]
+    grants = (webports.cookie_grant(value, host=host) for value in values)
+    return [g for g in grants if g is not None]
+
+
+async def _allowed_target(scope: dict[str, Any], host: webports.TaskHost) -> webports.WebPortTarget | None:
+    for grant in _cookie_grants(scope, host):
+        target = await _target_of(grant)
+        if target is not None:
+            return target
+    return None
+
+
+async def _deny(scope: dict[str, Any], receive: Any, send: Any, status: int, text: str) -> None:
+    if scope["type"] == "websocket":
+        if (await receive())["type"] == "websocket.connect":
+            await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})
+        return
+    await plain_response(send, status, text)
+
+
+class WebPortProxy:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        host = webports.task_host_from_header(_header(scope, b"host"))
+        if host is None:
+            await _deny(scope, receive, send, 404, "No such task port.")
+            return
+        if scope["type"] == "http" and scope["path"] == webports.ENTER_PATH:
+            await self._enter(scope, send, host)
+            return
+        target = await _allowed_target(scope, host)
+        if target is None:
+            await _deny(scope, receive, send, 403, NOT_SIGNED_IN)
+        elif scope["type"] == "websocket":
+            async def still_allowed() -> bool:
+                return await _allowed_target(scope, host) is not None
+
+            await forward_websocket(scope, receive, send, target, still_allowed)
+        else:
+            await forward_http(scope, receive, send, target)
+
+    async def _enter(self, scope: dict[str, Any], send: Any, host: webports.TaskHost) -> None:
+        tickets = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("ticket") or [""]
+        grant = await _redeem(tickets[0], host)
+        if grant is None or await _target_of(grant) is None:
+            await plain_response(send, 403, ENTER_REFUSED)
+            return
+        cookie = (f"{webports.COOKIE_NAME}={webports.cookie_value(grant)}; Path=/; HttpOnly; SameSite=Lax; "
+                  f"Max-Age={settings.PORTAL_PROXY_SESSION_SECONDS}" + ("; Secure" if _secure(scope) else ""))
+        await plain_response(send, 302, "", [
+            (b"location", grant.next_path.encode("latin-1")), (b"set-cookie", cookie.encode("latin-1")),
+            (b"referrer-policy", b"no-referrer"),
+        ])
+
+
+class HostRouter:
+    """Requests for a proxy host go to the proxy, all others to the portal."""
+
+    def __init__(self, *, portal: Any, proxy: Any) -> None:
+        self.portal = portal
+        self.proxy = proxy
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket") and webports.is_proxy_host(_header(scope, b"host")):
+            await self.proxy(scope, receive, send)
+        else:
+            await self.portal(scope, receive, send)

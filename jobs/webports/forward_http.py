@@ -1,0 +1,149 @@
+"""One HTTP request through to a task's web port, streamed both ways.
+
+A plain HTTP/1.1 client (h11, which uvicorn already uses) over one
+connection per request: the job is on the node's loopback, so a connection
+costs little, and nothing is pooled between users. Bodies pass piece by
+piece with the event loop's back-pressure, never whole in memory; a client
+that goes away ends the exchange (uvicorn's send does not say so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from typing import Any
+
+import h11
+
+from jobs.services.webports import WebPortTarget
+from jobs.webports import headers as hdrs
+
+CONNECT_SECONDS = 10
+READ_BYTES = 64 * 1024
+
+
+def job_tls_context() -> ssl.SSLContext:
+    """For ports labelled https: the app's own certificate is whatever it
+    made for itself, and the connection never leaves the node's loopback."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+async def plain_response(send: Any, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"), *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: WebPortTarget) -> None:
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(target.address, target.port, ssl=job_tls_context() if target.tls else None),
+            CONNECT_SECONDS)
+    except (OSError, asyncio.TimeoutError):
+        await plain_response(send, 502, "The task's web port does not answer (yet): is its app listening on "
+                                        "0.0.0.0 at that port?")
+        return
+    try:
+        await _exchange(scope, receive, send, reader, writer)
+    except _ClientGone:
+        pass
+    except (OSError, h11.LocalProtocolError):  # the job hung up on the request
+        with contextlib.suppress(Exception):  # unless the response had started
+            await plain_response(send, 502, "The task's web port closed the connection.")
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def _exchange(scope: dict[str, Any], receive: Any, send: Any, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+    upstream = h11.Connection(our_role=h11.CLIENT)
+    await _send_request(scope, receive, upstream, writer)
+    gone = asyncio.ensure_future(_wait_disconnect(receive))
+    relay = asyncio.ensure_future(_relay_response(scope, send, upstream, reader))
+    try:
+        await asyncio.wait({gone, relay}, return_when=asyncio.FIRST_COMPLETED)
+        if relay.done():
+            relay.result()  # raises what the relay raised
+    finally:
+        for task in (gone, relay):
+            task.cancel()
+
+
+async def _send_request(scope: dict[str, Any], receive: Any, upstream: h11.Connection,
+                        writer: asyncio.StreamWriter) -> None:
+    client = (scope.get("client") or ("", 0))[0]
+    headers = hdrs.to_job(scope["headers"], client=client, scheme=scope.get("scheme", "http"))
+    first = await receive()
+    if first["type"] == "http.disconnect":
+        raise _ClientGone
+    has_length = any(name == b"content-length" for name, _ in headers)
+    has_body = bool(first.get("body")) or first.get("more_body", False)
+    if has_body and not has_length:
+        headers.append((b"transfer-encoding", b"chunked"))
+    headers.append((b"connection", b"close"))
+    path = scope.get("raw_path") or scope["path"].encode()
+    if scope.get("query_string"):
+        path += b"?" + scope["query_string"]
+    writer.write(upstream.send(h11.Request(method=scope["method"], target=path, headers=headers)))
+    message = first
+    while True:
+        if message.get("body"):
+            writer.write(upstream.send(h11.Data(data=message["body"])))
+            await writer.drain()
+        if not message.get("more_body", False):
+            break
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+    writer.write(upstream.send(h11.EndOfMessage()))
+    await writer.drain()
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _next_event(upstream: h11.Connection, reader: asyncio.StreamReader) -> Any:
+    while True:
+        event = upstream.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        upstream.receive_data(await reader.read(READ_BYTES))
+
+
+async def _relay_response(scope: dict[str, Any], send: Any, upstream: h11.Connection,
+                          reader: asyncio.StreamReader) -> None:
+    try:
+        event = await _next_event(upstream, reader)
+        while isinstance(event, h11.InformationalResponse):  # 100 Continue and the like
+            event = await _next_event(upstream, reader)
+    except (h11.RemoteProtocolError, OSError):
+        await plain_response(send, 502, "The task's web port did not answer with HTTP.")
+        return
+    if not isinstance(event, h11.Response):
+        await plain_response(send, 502, "The task's web port closed the connection without an answer.")
+        return
+    await send({"type": "http.response.start", "status": event.status_code, "headers": hdrs.to_browser(event.headers)})
+    while True:
+        try:
+            event = await _next_event(upstream, reader)
+        except (h11.RemoteProtocolError, OSError):
+            break  # cut off mid-body: the browser sees a short response
+        if isinstance(event, h11.Data):
+            await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
+        elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+            break
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

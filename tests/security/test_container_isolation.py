@@ -1,0 +1,120 @@
+"""Finding 5: one-task jobs shared Docker's default bridge, so any job reached
+every other user's one-task container at its address; containers ran with
+Docker's default capabilities (NET_RAW included), could gain privileges
+through setuid binaries, and reached every port of the node.
+
+Now one-task jobs share a network whose containers cannot reach each other,
+tasks keep only the capabilities they need, with no-new-privileges, and the
+node agent's firewall (jobs/node/launcher/firewall.py) keeps task containers
+from the node's own ports and from 169.254.0.0/16 (cloud metadata: checked
+in the installed rules only, no packet is sent there). SSH into tasks still
+works: tests/test_access.py."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+
+import docker
+import pytest
+
+from jobs.models import State
+from jobs.node.launcher import firewall
+from tests.cluster import wait_for
+from tests.helpers import config, describe, lines, role, running_attempt, submit, wait_state
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(autouse=True)
+def _cluster(cluster):
+    return cluster
+
+
+def _container(job) -> dict:
+    """docker inspect of the job's running container."""
+    try:
+        attempt = running_attempt(job, timeout=30)
+    except AssertionError as exc:
+        job.refresh_from_db()
+        raise AssertionError(f"{exc}; the job is {job.state}: {job.exit_reason}\n{describe(job)}") from None
+    return docker.from_env().api.inspect_container(attempt.container_id)
+
+
+def _networks(job) -> dict:
+    return _container(job)["NetworkSettings"]["Networks"]
+
+
+def test_it_keeps_another_users_job_from_a_one_task_jobs_container(alice, bob):
+    serve = "mkdir /www && echo alices-page > /www/index.html && exec httpd -f -p 5000 -h /www"
+    server = wait_state(submit(alice, config("served", role(command=serve))), State.RUNNING)
+    networks = _networks(server)
+    assert "bridge" not in networks
+    address = next(iter(networks.values()))["IPAddress"]
+    # The page is served (the node reaches it), so a refusal below is the network's doing.
+    with socket.create_connection((address, 5000), timeout=5) as connection:
+        connection.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert b"alices-page" in connection.recv(4096) + connection.recv(4096)
+    probe = f"timeout 5 wget -qO- http://{address}:5000/ && echo reached || echo unreachable"
+    prober = wait_state(submit(bob, config("prober", role(command=probe))), State.SUCCEEDED, State.FAILED)
+    assert lines(prober) == ["unreachable"]
+
+
+def _accept(listener: socket.socket, accepted: list) -> None:
+    try:
+        accepted.append(listener.accept())
+    except OSError:
+        pass  # closed at the end of the test
+
+
+def test_it_keeps_containers_from_ports_of_the_node_that_are_not_task_ports(alice):
+    # The gateway of the one-task network is the node itself: a stand-in for
+    # the portal, Redis or the Docker API listening there.
+    holder = wait_state(submit(alice, config("holder", role(command="sleep 60"))), State.RUNNING)
+    gateway = next(iter(_networks(holder).values()))["Gateway"]
+    listener = socket.socket()
+    listener.bind((gateway, 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    accepted: list = []
+    threading.Thread(target=_accept, args=(listener, accepted), daemon=True).start()
+    try:
+        probe = (f"timeout 5 nc -w 3 {gateway} {port} </dev/null; [ $? = 1 ] && echo closed || echo open; "
+                 f"gw=$(ip route | awk '/default/ {{print $3}}'); [ \"$gw\" = {gateway} ] && echo same-gateway")
+        prober = wait_state(submit(alice, config("nodeports", role(command=probe))), State.SUCCEEDED, State.FAILED)
+        assert lines(prober) == ["closed", "same-gateway"]
+        assert not accepted
+    finally:
+        listener.close()
+
+
+def test_it_drops_raw_sockets_and_new_privileges(alice):
+    command = ("ping -c 1 -W 1 127.0.0.1 >/dev/null 2>&1 && echo ping-works || echo ping-fails; "
+               "grep NoNewPrivs /proc/self/status; sleep 30")
+    job = wait_state(submit(alice, config("caps", role(command=command))), State.RUNNING)
+    host_config = _container(job)["HostConfig"]
+    assert host_config["CapDrop"] == ["ALL"] and "NET_RAW" not in host_config["CapAdd"]
+    assert "no-new-privileges:true" in host_config["SecurityOpt"]
+    wait_for(lambda: len(lines(job)) == 2, what="the task to print")
+    assert lines(job) == ["ping-fails", "NoNewPrivs:\t1"]
+
+
+def test_it_installs_the_firewall_while_an_agent_runs_and_removes_it_when_it_stops(cluster):
+    rules = firewall.installed_rules()
+    assert any("-d 169.254.0.0/16" in r and f"-i {firewall.BRIDGE_PREFIX}+" in r and "-j REJECT" in r for r in rules)
+    assert any(r.startswith("-A INPUT") and f"-i {firewall.BRIDGE_PREFIX}+ -m comment" in r and "-j REJECT" in r
+               for r in rules)
+    agent = cluster.start_agent("t-node-fw", ports=cluster.port_range(5), gpus=1, gpu_type="FWTEST")
+    owner = f"{socket.gethostname()}:{agent.popen.pid}"
+    assert firewall.installed_owners().get(owner) == 5
+    agent.stop()
+    assert owner not in firewall.installed_owners()
+    # An agent killed outright leaves its rules; the next one to start removes them.
+    killed = cluster.start_agent("t-node-fw", ports=cluster.port_range(5), gpus=1, gpu_type="FWTEST")
+    killed_owner = f"{socket.gethostname()}:{killed.popen.pid}"
+    killed.stop(signal.SIGKILL)
+    assert killed_owner in firewall.installed_owners()
+    cluster.start_agent("t-node-fw", ports=cluster.port_range(5), gpus=1, gpu_type="FWTEST")
+    assert killed_owner not in firewall.installed_owners()
+    cluster.agent("t-node-fw").stop()

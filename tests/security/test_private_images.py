@@ -1,0 +1,146 @@
+"""Finding 6: an image pulled once with one user's registry credentials (a
+job's authFile) could be started by anyone else without credentials, since
+the node already had it.
+
+Against a real private registry (Debian's docker-registry with htpasswd
+authentication, on loopback, stopped by PID): a job may use an image whose
+repository needed credentials only if its own credentials can pull it; the
+node asks the registry (a manifest inspect) even though it has the image
+(jobs/node/images.py). Naming the image by its local ID, which Docker
+accepts, is refused too."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from django.conf import settings as django_settings
+
+from jobs.models import ExitType, State
+from tests import services as test_services
+from tests.cluster import free_port, wait_for
+from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
+
+pytestmark = pytest.mark.services
+
+USERNAME, PASSWORD = "team", "registry-password-1"
+NODE, GPU_TYPE = "t-node-reg", "REGTEST"
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Iterator[str]:
+    """A registry that wants a password, on 127.0.0.1:<free port>."""
+    for program in ("docker-registry", "htpasswd"):
+        test_services.need(program)
+    folder = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    users = subprocess.run(["htpasswd", "-Bbn", USERNAME, PASSWORD], capture_output=True, text=True, check=True)
+    (folder / "htpasswd").write_text(users.stdout)
+    (folder / "config.yml").write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: test\n    path: {folder / 'htpasswd'}\n")
+    with open(folder / "registry.log", "ab") as log:
+        process = subprocess.Popen(["docker-registry", "serve", str(folder / "config.yml")], stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: process.poll() is None and socket.create_connection(("127.0.0.1", port), 1).close() is None,
+                 timeout=20, what="the registry to listen")
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def private_image(registry) -> Iterator[str]:
+    """The local busybox pushed as <registry>/private/busybox, then its tag
+    removed: the node gets it back only by a pull with credentials."""
+    api = docker.from_env().api
+    repository = f"{registry}/private/busybox"
+    api.tag(BUSYBOX_IMAGE, repository, "latest")
+    try:
+        events = list(api.push(repository, tag="latest", stream=True, decode=True,
+                               auth_config={"username": USERNAME, "password": PASSWORD}))
+        assert not [e for e in events if e.get("error")], events
+        api.remove_image(f"{repository}:latest")
+        yield f"{repository}:latest"
+    finally:
+        image = api.inspect_image(BUSYBOX_IMAGE)
+        for name in [*image.get("RepoTags", []), *image.get("RepoDigests", [])]:
+            if name.startswith(registry + "/"):
+                try:
+                    api.remove_image(name)
+                except docker.errors.NotFound:
+                    pass  # went with the tag removed before it
+
+
+@pytest.fixture(scope="module")
+def registry_node(cluster, registry) -> Iterator[str]:
+    """An agent of its own, to which the admin opened the loopback registry."""
+    cluster.start_agent(NODE, ports=cluster.port_range(5), gpus=2, gpu_type=GPU_TYPE,
+                        env={"REGISTRY_ALLOWED": registry})
+    try:
+        yield NODE
+    finally:
+        cluster.agent(NODE).stop()
+
+
+@pytest.fixture(autouse=True)
+def _registry_allowed(settings, registry) -> None:
+    settings.REGISTRY_ALLOWED = [registry]  # submission runs in this process
+
+
+def auth_file(user, name: str, registry: str, password: str) -> str:
+    path = Path(django_settings.STORAGE_LOCAL_ROOT) / user.username / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{registry}\n{USERNAME}\n{password}\n")
+    return name
+
+
+def run(user, name: str, image: str, **top) -> object:
+    cfg = config(name, role(command=f"echo {name} ran", gpus=1), image=image, gpuType=GPU_TYPE, **top)
+    return wait_state(submit(user, cfg), State.SUCCEEDED, State.FAILED, timeout=90)
+
+
+def test_it_starts_a_private_image_only_for_jobs_whose_credentials_can_pull_it(
+        alice, bob, registry, private_image, registry_node):
+    api = docker.from_env().api
+    owner = run(alice, "owner", private_image, authFile=auth_file(alice, "registry-auth", registry, PASSWORD))
+    assert owner.state == State.SUCCEEDED, owner.exit_reason
+    assert lines(owner) == ["owner ran"]
+    assert private_image in api.inspect_image(private_image)["RepoTags"]  # the node has it now
+
+    stranger = run(bob, "stranger", private_image)
+    assert stranger.state == State.FAILED and stranger.exit_type == ExitType.IMAGE_PULL, stranger.exit_reason
+    assert (f"the registry {registry} refused image {private_image} without credentials (the job has no authFile)"
+            in stranger.exit_reason)
+    assert "may use it only with credentials that can pull it" in stranger.exit_reason
+    assert lines(stranger) == []
+
+    guesser = run(bob, "guesser", private_image, authFile=auth_file(bob, "registry-auth", registry, "wrong-password"))
+    assert guesser.exit_type == ExitType.IMAGE_PULL, guesser.exit_reason
+    assert "with this job's authFile" in guesser.exit_reason and "wrong-password" not in guesser.exit_reason
+
+    # By its local ID, Docker would start it without asking anyone.
+    short_id = api.inspect_image(private_image)["Id"].removeprefix("sha256:")[:12]
+    by_id = run(bob, "byid", short_id)
+    assert by_id.exit_type == ExitType.IMAGE_PULL and "names a local image by its ID" in by_id.exit_reason
+
+    again = run(alice, "again", private_image, authFile="registry-auth")
+    assert again.state == State.SUCCEEDED, again.exit_reason
+
+
+def test_it_keeps_public_images_free_of_registry_round_trips(alice, registry_node):
+    # pai-local/... has no registry at all: asking one would fail the job.
+    job = run(alice, "public", BUSYBOX_IMAGE)
+    assert job.state == State.SUCCEEDED, job.exit_reason

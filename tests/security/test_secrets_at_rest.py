@@ -1,0 +1,130 @@
+"""Finding 12: var/ and the SQLite file were made with the default umask,
+stored files were world-readable (0644), and jobs' SSH private keys sat in
+the database as plain PEM text. Now var/ is 0700 (scripts/lib.sh and the
+settings), the SQLite file 0600, users' files 0640 in 0750 folders, while
+the staged code a container reads stays readable there; private keys are
+sealed with a key derived from SECRET_KEY (fallbacks honoured) and the
+owner still downloads a working key. SSH into a task with the downloaded
+key, and tasks reaching each other with the sealed peer key, run in
+tests/test_access.py."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+
+from jobs import keys, storage
+from jobs.models import Job
+from jobs.node.staging import CodeStager
+from jobs.services import tokens
+from jobs.storage.local import LocalBackend
+from tests.cluster import ROOT, process_env
+from tests.helpers import config, role, submit
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_it_keeps_var_and_the_database_to_the_portals_user():
+    connection.ensure_connection()
+    database = Path(connection.settings_dict["NAME"])
+    assert database.parent == settings.VAR_DIR
+    assert _mode(settings.VAR_DIR) == 0o700
+    for suffix in ("", "-wal", "-shm"):
+        made = Path(f"{database}{suffix}")
+        if made.exists():
+            assert _mode(made) == 0o600, made
+
+
+def test_it_closes_an_open_var_folder_at_start_up_and_in_the_scripts(tmp_path):
+    var = tmp_path / "var"
+    var.mkdir(mode=0o755)
+    os.chmod(var, 0o755)
+    subprocess.run([sys.executable, "-c", "import portal.settings"], cwd=ROOT, check=True, timeout=60,
+                   env=process_env(PORTAL_VAR_DIR=str(var), DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}"))
+    assert _mode(var) == 0o700
+
+    scripts_var = tmp_path / "scripts-var"
+    scripts_var.mkdir(mode=0o755)
+    os.chmod(scripts_var, 0o755)
+    subprocess.run(["bash", "-c", "source scripts/lib.sh"], cwd=ROOT, check=True, timeout=30,
+                   env={**os.environ, "PORTAL_VAR_DIR": str(scripts_var)})
+    assert [_mode(p) for p in (scripts_var, scripts_var / "run", scripts_var / "log")] == [0o700] * 3
+
+
+def test_it_stores_users_files_for_the_portals_user_only(tmp_path):
+    local = LocalBackend(tmp_path / "root")
+    local.write("/alice/notes/a.txt", io.BytesIO(b"private"))
+    assert _mode(tmp_path / "root" / "alice" / "notes" / "a.txt") == 0o640
+    assert _mode(tmp_path / "root" / "alice" / "notes") == 0o750
+
+
+def test_it_keeps_staged_code_readable_inside_containers(alice, tmp_path):
+    storage.backend().write(f"/{alice.username}/code/run.sh", io.BytesIO(b"echo hi\n"), overwrite=True)
+    old = os.umask(0o077)  # the strictest umask a node could run with
+    try:
+        folder, _size = CodeStager().stage(tmp_path / "stage", f"file:///{alice.username}/code")
+    finally:
+        os.umask(old)
+    assert _mode(Path(folder)) == 0o755 and _mode(Path(folder) / "run.sh") == 0o644
+
+
+def _public_line(private_pem: str) -> str:
+    key = serialization.load_ssh_private_key(private_pem.encode(), password=None)
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+def test_it_seals_job_private_keys_and_the_owner_still_downloads_a_working_key(alice, bob):
+    job = submit(alice, config("sealed", role(command="true")))
+    stored = Job.objects.filter(pk=job.pk).values_list("ssh_private_key", flat=True).get()
+    assert stored.startswith(keys.SEALED_PREFIX)
+    assert "PRIVATE KEY" not in stored and "-----BEGIN" not in stored
+
+    owner = Client()
+    owner.force_login(alice)
+    page = owner.get(f"/jobs/{job.pk}/ssh-key/")
+    assert page.status_code == 200
+    api_url = f"/api/v1/user/{alice.username}/jobs/sealed/ssh/key"
+    alice_token = tokens.token_create(user=alice, lifetime=timedelta(hours=1)).key
+    api = Client().get(api_url, HTTP_AUTHORIZATION=f"Bearer {alice_token}")
+    assert api.status_code == 200
+    for served in (page.content.decode(), api.content.decode()):
+        assert served.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert job.ssh_public_key.startswith(_public_line(served))  # the pair of the key tasks trust
+
+    stranger = Client()
+    stranger.force_login(bob)
+    assert stranger.get(f"/jobs/{job.pk}/ssh-key/").status_code == 404
+    bob_token = tokens.token_create(user=bob, lifetime=timedelta(hours=1)).key
+    assert Client().get(api_url, HTTP_AUTHORIZATION=f"Bearer {bob_token}").status_code == 404
+    anonymous = Client().get(f"/jobs/{job.pk}/ssh-key/")
+    assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+    assert Client().get(api_url).status_code == 401
+
+
+def test_it_opens_keys_sealed_before_a_rotation_and_plaintext_rows_from_before(settings):
+    pem, _public = keys.new_key_pair("old")
+    sealed = keys.seal_private_key(pem)
+    old_secret = settings.SECRET_KEY
+    settings.SECRET_KEY = "a-new-secret-key-" + "y" * 50
+    settings.SECRET_KEY_FALLBACKS = [old_secret]
+    assert keys.open_private_key(sealed) == pem
+    resealed = keys.seal_private_key(pem)
+    settings.SECRET_KEY_FALLBACKS = []
+    assert keys.open_private_key(resealed) == pem
+    with pytest.raises(keys.SealedKeyUnreadable, match="PORTAL_SECRET_KEY_FALLBACKS"):
+        keys.open_private_key(sealed)
+    assert keys.open_private_key(pem) == pem  # a row stored before keys were sealed
+    assert keys.open_private_key("") == ""

@@ -1,0 +1,125 @@
+"""Helpers for tests of tasks' web ports: a small HTTP app a task runs (it
+shows what it was sent), and a client that goes through the portal's proxy
+the way a browser does (the portal's link, the ticket, the proxy's cookie).
+
+The proxy's host names (t<attempt>-<port>.localhost) need no resolver: the
+client connects to the portal's own address and sends the Host header.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import requests
+
+# A task's app: / is a page showing the Cookie header it got and opening the
+# WebSocket named in ?ws= (what a malicious job would try); /echo answers
+# the request's headers (and body length) as JSON; /stream sends one line,
+# then holds the rest of the response for a minute.
+_APP = r'''
+import html, http.server, json, sys, time
+PAGE = """<!doctype html><title>job app</title><pre id="cookie">%s</pre><p id="ws">waiting</p><script>
+const url = new URLSearchParams(location.search).get("ws"); const out = document.getElementById("ws");
+if (url) { const ws = new WebSocket(url); let seen = "";
+  ws.onopen = () => { seen += "open "; out.textContent = seen; };
+  ws.onmessage = (e) => { seen += "message "; out.textContent = seen; };
+  ws.onclose = (e) => { seen += "closed " + e.code; out.textContent = seen; }; }
+else { out.textContent = "no socket"; }
+</script>"""
+class App(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    def reply(self, body, kind):
+        self.send_response(200); self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def do_GET(self):
+        if self.path.startswith("/echo"):
+            seen = {"path": self.path, "headers": [[k.lower(), v] for k, v in self.headers.items()]}
+            self.reply(json.dumps(seen).encode(), "application/json")
+        elif self.path == "/stream":
+            self.send_response(200); self.send_header("Content-Type", "text/plain"); self.end_headers()
+            self.wfile.write(b"first line\n"); self.wfile.flush(); time.sleep(60); self.wfile.write(b"last line\n")
+        else:
+            self.reply((PAGE % html.escape(self.headers.get("Cookie") or "(no cookie)")).encode(), "text/html")
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0); got = 0
+        while got < length:
+            got += len(self.rfile.read(min(65536, length - got)))
+        self.reply(json.dumps({"received": got}).encode(), "application/json")
+    def log_message(self, *args):
+        pass
+print("serving", flush=True)
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), App).serve_forever()
+'''
+
+
+def app_command(label: str) -> str:
+    """The shell command that runs the app on the task's first `label` port."""
+    encoded = base64.b64encode(_APP.encode()).decode()
+    return f"echo {encoded} | base64 -d > /tmp/app.py && exec python3 /tmp/app.py $PAI_CONTAINER_HOST_{label}_PORT_LIST"
+
+
+def port_spec(label: str) -> list[dict]:
+    return [{"label": label, "beginAt": 0, "portNumber": 1}]
+
+
+@dataclass
+class TaskHostClient:
+    """Requests to one task host through the portal's address."""
+
+    base_url: str  # the portal's, e.g. http://127.0.0.1:8000
+    host: str  # t5-20001.localhost:8000
+    cookie: str = ""  # the proxy's cookie, "name=value"
+    app_cookies: dict[str, str] = field(default_factory=dict)  # what the job's app set (kept with keep_cookies)
+
+    def get(self, path: str, *, headers: dict[str, str] | None = None, **kwargs) -> requests.Response:
+        return self.request("GET", path, headers=headers, **kwargs)
+
+    def request(self, method: str, path: str, *, headers: dict[str, str] | None = None, keep_cookies: bool = False,
+                **kwargs) -> requests.Response:
+        sent = {"Host": self.host, **(headers or {})}
+        jar = [self.cookie, *(f"{k}={v}" for k, v in self.app_cookies.items()), sent.get("Cookie", "")]
+        if any(jar):
+            sent["Cookie"] = "; ".join(filter(None, jar))
+        kwargs.setdefault("allow_redirects", False)
+        kwargs.setdefault("timeout", 30)
+        response = requests.request(method, self.base_url + path, headers=sent, proxies={"http": "", "https": ""},
+                                    **kwargs)
+        if keep_cookies:
+            self.app_cookies.update({c.name: c.value for c in response.cookies})
+        return response
+
+    def follow(self, path: str, *, hops: int = 5) -> requests.Response:
+        """GET, following the app's redirects on this host, keeping its cookies."""
+        response = self.get(path, keep_cookies=True)
+        while response.is_redirect and hops:
+            location = urlsplit(response.headers["Location"])
+            assert location.netloc in ("", self.host), response.headers["Location"]
+            response = self.get(location.path + (f"?{location.query}" if location.query else ""), keep_cookies=True)
+            hops -= 1
+        return response
+
+    def ws_url(self, path: str) -> str:
+        return self.base_url.replace("http://", "ws://") + path
+
+
+def follow_to_task_host(session: requests.Session, base_url: str, link: str) -> tuple[TaskHostClient, str]:
+    """Open the job page's link as a browser would: (a client signed in to
+    the task host, the path the proxy sent us on to)."""
+    portal = session.get(base_url + link, allow_redirects=False)
+    assert portal.status_code == 302, (portal.status_code, portal.text[:300])
+    target = urlsplit(portal.headers["Location"])
+    client = TaskHostClient(base_url, target.netloc)
+    entered = client.get(f"{target.path}?{target.query}")
+    assert entered.status_code == 302, (entered.status_code, entered.text)
+    name, _, rest = entered.headers["Set-Cookie"].partition(";")
+    client.cookie = name.strip()
+    return client, entered.headers["Location"]
+
+
+def ticket_url(session: requests.Session, base_url: str, link: str) -> str:
+    """Only the first step: the portal's redirect to the task host."""
+    portal = session.get(base_url + link, allow_redirects=False)
+    assert portal.status_code == 302, (portal.status_code, portal.text[:300])
+    return portal.headers["Location"]

@@ -1,0 +1,155 @@
+"""The node's log writer at its seams: platform notes numbered from memory
+and a cursor row (across an agent restart too), lines and notes durable
+after a barrier, and the task state it moves through services
+(last_activity_at forward only; the first SSH answer kept).
+
+Real database, no engine: the writer is handed lines and notes directly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from jobs import services
+from jobs.models import Job, JobAttempt, LogCursor, LogLine, State, Stream, Task, TaskAttempt, TaskState, VirtualCluster
+from jobs.node.logwriter import LogWriter
+from jobs.spec import parse_job_value
+from tests.helpers import config, role
+
+
+@pytest.fixture
+def attempt(alice) -> TaskAttempt:
+    """A task attempt as rows only: no container behind it, and over as far
+    as the scheduler and any node agent of the session are concerned."""
+    cfg = config("logwriter", role())
+    stored = parse_job_value(cfg, user_name=alice.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
+    job = Job.objects.create(owner=alice, name=f"logwriter{alice.pk}", config_raw=json.dumps(cfg), config=stored,
+                             virtual_cluster=VirtualCluster.objects.get(name="default"), state=State.SUCCEEDED,
+                             total_tasks=1, total_roles=1)
+    job_attempt = JobAttempt.objects.create(job=job, number=1, state=State.SUCCEEDED)
+    task = Task.objects.create(job=job, role="main", index=0)
+    return TaskAttempt.objects.create(task=task, job_attempt=job_attempt, job=job, number=1, node_name="node-x",
+                                      state=TaskState.SUCCEEDED)
+
+
+@pytest.fixture
+def writer():
+    made: list[LogWriter] = []
+
+    def make() -> LogWriter:
+        made.append(LogWriter(flush_seconds=0.05))
+        made[-1].start()
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.stop()
+
+
+def stored(attempt: TaskAttempt, stream: int) -> list[tuple[int, str]]:
+    return list(LogLine.objects.filter(attempt=attempt, stream=stream).order_by("seq").values_list("seq", "text"))
+
+
+def test_it_numbers_notes_on_after_an_agent_restart(attempt, writer):
+    first = writer()
+    first.note(attempt.pk, "pulling image busybox")
+    first.note(attempt.pk, "pulled image busybox")
+    assert first.barrier()
+    first.stop()
+    second = writer()  # a new agent process: nothing in memory
+    second.note(attempt.pk, "staged codeDir")
+    assert second.barrier()
+    lines = stored(attempt, Stream.PLATFORM)
+    assert [seq for seq, _text in lines] == [0, 1, 2]
+    assert [text.split("Z ", 1)[1] for _seq, text in lines] == ["pulling image busybox", "pulled image busybox",
+                                                               "staged codeDir"]
+    assert LogCursor.objects.get(attempt=attempt, stream=Stream.PLATFORM).next_seq == 3
+
+
+def test_it_numbers_notes_after_ones_stored_before_notes_had_a_cursor(attempt, writer):
+    LogLine.objects.bulk_create([LogLine(attempt=attempt, stream=Stream.PLATFORM, seq=i, text=f"old {i}")
+                                 for i in range(2)])
+    one = writer()
+    one.note(attempt.pk, "new")
+    assert one.barrier()
+    assert [seq for seq, _text in stored(attempt, Stream.PLATFORM)] == [0, 1, 2]
+
+
+def test_it_gives_notes_from_many_threads_one_gapless_numbering(attempt, writer):
+    one = writer()
+
+    def send(name: str) -> None:
+        for i in range(25):
+            one.note(attempt.pk, f"{name} {i}")
+
+    threads = [threading.Thread(target=send, args=(f"t{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert one.barrier()
+    lines = stored(attempt, Stream.PLATFORM)
+    assert [seq for seq, _text in lines] == list(range(100))
+    # Each sender's notes keep their order.
+    texts = [text.split("Z ", 1)[1] for _seq, text in lines]
+    assert [t for t in texts if t.startswith("t2 ")] == [f"t2 {i}" for i in range(25)]
+
+
+def test_it_writes_lines_and_notes_of_one_task_apart(attempt, writer):
+    one = writer()
+    one.open(attempt.pk, Stream.STDOUT)
+    one.add(attempt.pk, Stream.STDOUT, ["hello", "world"], (10, 1))
+    one.note(attempt.pk, "a note")
+    one.add(attempt.pk, Stream.STDOUT, ["again"], (11, 1))
+    assert one.barrier()
+    assert stored(attempt, Stream.STDOUT) == [(0, "hello"), (1, "world"), (2, "again")]
+    assert [seq for seq, _text in stored(attempt, Stream.PLATFORM)] == [0]
+    cursor = LogCursor.objects.get(attempt=attempt, stream=Stream.STDOUT)
+    assert (cursor.next_seq, cursor.last_ts_ns, cursor.count_at_ts) == (3, 11, 1)
+
+
+def test_it_counts_output_as_activity_but_not_notes(attempt, writer):
+    one = writer()
+    one.note(attempt.pk, "pulling image")
+    assert one.barrier()
+    assert TaskAttempt.objects.get(pk=attempt.pk).last_activity_at is None
+    one.open(attempt.pk, Stream.STDERR)
+    one.add(attempt.pk, Stream.STDERR, ["a line"], (5, 1))
+    assert one.barrier()
+    assert TaskAttempt.objects.get(pk=attempt.pk).last_activity_at is not None
+
+
+def test_it_only_moves_last_activity_forward(attempt):
+    later = timezone.now() + timedelta(minutes=5)
+    TaskAttempt.objects.filter(pk=attempt.pk).update(last_activity_at=later)
+    assert services.attempts_note_activity({attempt.pk}, now=timezone.now()) == 0
+    assert TaskAttempt.objects.get(pk=attempt.pk).last_activity_at == later
+    assert services.attempts_note_activity({attempt.pk}, now=later + timedelta(seconds=1)) == 1
+    assert services.attempts_note_activity(set(), now=later) == 0
+
+
+def test_it_keeps_the_first_ssh_answer(attempt):
+    assert services.attempt_set_ssh_available(attempt.pk, available=True)
+    assert not services.attempt_set_ssh_available(attempt.pk, available=False)
+    assert TaskAttempt.objects.get(pk=attempt.pk).ssh_available is True
+
+
+def test_it_drops_a_deleted_tasks_notes_and_keeps_the_rest(attempt, alice, writer):
+    task = Task.objects.create(job=attempt.job, role="main", index=1)
+    other = TaskAttempt.objects.create(task=task, job_attempt=attempt.job_attempt, job=attempt.job, number=1,
+                                       node_name="node-x", state=TaskState.SUCCEEDED)
+    one = writer()
+    one.open(attempt.pk, Stream.STDOUT)
+    other_id = other.pk
+    other.delete()  # its job was deleted while a last note of it was queued
+    one.note(other_id, "kept for debugging")
+    one.add(attempt.pk, Stream.STDOUT, ["still stored"], (7, 1))
+    assert one.barrier(timeout=60)
+    assert stored(attempt, Stream.STDOUT) == [(0, "still stored")]
+    assert not LogLine.objects.filter(attempt_id=other_id).exists()

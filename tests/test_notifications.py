@@ -1,0 +1,592 @@
+"""Notifications of job state changes: webhooks and e-mail.
+
+Against real receivers: a small threaded HTTP server on 127.0.0.1 in this
+process, and aiosmtpd's SMTP server on a free 127.0.0.1 port. State changes
+are driven in-process through the services, as tests/test_lifecycle.py
+does, with a notify queue of the test's own (`drain`: no node agent serves
+it) worked in-process by RQ's SimpleWorker; the last test runs a real job
+on the real test cluster, whose agents deliver.
+
+The test processes allow 127.0.0.0/8 (WEBHOOK_ALLOWED_NETWORKS in
+tests/settings.py); the default, public addresses only, is tested here too.
+"""
+
+from __future__ import annotations
+
+import email
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from rq import SimpleWorker
+
+from jobs import queues, services, webhooks
+from jobs.models import NotificationDelivery, NotificationSettings, State
+from jobs.services import notifications, tokens
+from tests.cluster import ROOT, free_port, wait_for
+from tests.helpers import config, role, submit, wait_state
+from tests.test_lifecycle import exit_, gpu_job, node, start  # noqa: F401  (node: a fixture)
+
+SECRET = "a-webhook-secret-for-tests"
+NEVER_FITS_GPUS = 64  # no node has that many: the job waits until it is stopped
+Status = NotificationDelivery.Status
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1. Records every request; answers each
+    with the next of `statuses` (then 200), after `delay` seconds."""
+
+    def __init__(self, statuses: tuple[int, ...] = (), delay: float = 0.0, location: str = "") -> None:
+        self.requests: list[dict] = []
+        self.statuses = list(statuses)
+        self.delay = delay
+        self.location = location
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver.lock:
+                    receiver.requests.append({"path": self.path, "body": body,
+                                              "headers": {k.lower(): v for k, v in self.headers.items()}})
+                    status = receiver.statuses.pop(0) if receiver.statuses else 200
+                time.sleep(receiver.delay)
+                self.send_response(status)
+                if receiver.location:
+                    self.send_header("Location", receiver.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        return Handler
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}/hook?team=7"
+
+    def wait(self, count: int, timeout: float = 30.0) -> list[dict]:
+        wait_for(lambda: len(self.requests) >= count, timeout=timeout, what=f"{count} webhook requests")
+        return list(self.requests)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def events(requests: list[dict]) -> dict[str, dict]:
+    """The posted events by state, each checked for its signature."""
+    found = {}
+    for request in requests:
+        expected = "sha256=" + hmac.new(SECRET.encode(), request["body"], hashlib.sha256).hexdigest()
+        assert request["headers"]["x-portal-signature"] == expected
+        assert request["headers"]["content-type"] == "application/json"
+        event = json.loads(request["body"])
+        found[event["state"]] = event
+    return found
+
+
+@pytest.fixture
+def receiver():
+    made: list[Receiver] = []
+
+    def make(**kwargs) -> Receiver:
+        made.append(Receiver(**kwargs))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+@pytest.fixture
+def drain(redis_server, settings):
+    """A notify queue (and retry set) of this test's own, which no node agent
+    serves; returns a function that works it in this process until empty."""
+    settings.PAI_INSTANCE = f"pai-test-notify-{uuid.uuid4().hex[:8]}"
+
+    def work() -> None:
+        worker = SimpleWorker([queues.notify_queue_name()], connection=queues.connection())
+        worker.work(burst=True, with_scheduler=False, logging_level="WARNING")
+
+    yield work
+    redis = queues.connection()
+    for key in redis.keys(f"*{settings.PAI_INSTANCE}*"):
+        redis.delete(key)
+
+
+def notify_depth() -> int:
+    return queues.connection().llen(f"rq:queue:{queues.notify_queue_name()}")
+
+
+def waiting_job(owner, **top):
+    return submit(owner, config(f"nt-{uuid.uuid4().hex[:8]}", role(gpus=NEVER_FITS_GPUS, command="sleep 1"), **top))
+
+
+# ------------------------------------------------------------ the seams
+
+
+def test_it_signs_the_raw_body_with_hmac_sha256():
+    body = b'{"event":"jobStateChanged"}'
+    assert webhooks.sign(body, "k" * 16) == "sha256=" + hmac.new(b"k" * 16, body, hashlib.sha256).hexdigest()
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
+    "255.255.255.255", "224.0.0.1", "::1", "fe80::1", "fd00:ec2::254", "::ffff:127.0.0.1", "::ffff:10.0.0.1",
+    "2002:7f00:1::1", "::",
+])
+def test_the_default_refuses_loopback_private_link_local_and_metadata_addresses(address):
+    assert not webhooks.address_allowed(ipaddress.ip_address(address), ["public"])
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2001:4860:4860::8888", "::ffff:8.8.8.8"])
+def test_the_default_allows_public_addresses(address):
+    assert webhooks.address_allowed(ipaddress.ip_address(address), ["public"])
+
+
+def test_listed_networks_replace_the_default():
+    allowed = ["127.0.0.0/8", "10.20.0.0/16"]
+    assert webhooks.address_allowed(ipaddress.ip_address("127.0.0.5"), allowed)
+    assert webhooks.address_allowed(ipaddress.ip_address("::ffff:10.20.1.1"), allowed)
+    assert not webhooks.address_allowed(ipaddress.ip_address("10.21.0.1"), allowed)
+    assert not webhooks.address_allowed(ipaddress.ip_address("8.8.8.8"), allowed)
+    assert webhooks.address_allowed(ipaddress.ip_address("8.8.8.8"), ["public", *allowed])
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("ftp://example.org/x", "http:// or https://"), ("http://user:pw@example.org/", "user name or password"),
+    ("http://example.org:99999/", "port"), ("http:///nohost", "no host"), ("http://exa mple.org/", "spaces"),
+    ("https://example.org/" + "x" * 2000, "longer than"),
+])
+def test_it_refuses_urls_it_cannot_deliver_to(url, problem):
+    with pytest.raises(ValueError, match=problem):
+        webhooks.parse_url(url)
+
+
+def test_the_portals_default_is_public_addresses_only(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WEBHOOK_ALLOWED_NETWORKS" and not k.startswith("DJANGO_")}
+    env.update(PORTAL_VAR_DIR=str(tmp_path), PORTAL_SECRET_KEY="k" * 50)
+    shown = subprocess.run([sys.executable, "manage.py", "shell", "-c",
+                            "from django.conf import settings; print(settings.WEBHOOK_ALLOWED_NETWORKS)"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.stdout.strip().splitlines()[-1] == "['public']", shown.stderr
+    env["WEBHOOK_ALLOWED_NETWORKS"] = "10.0.0.0/8,nonsense"
+    refused = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0 and "WEBHOOK_ALLOWED_NETWORKS: 'nonsense' is not a CIDR" in refused.stderr
+
+
+# --------------------------------------------------- delivering to a real receiver
+
+
+def test_a_loopback_receiver_is_refused_by_default_and_reached_when_allowed(receiver, settings):
+    hook = receiver()
+    body, headers = b"{}", {webhooks.SIGNATURE_HEADER: webhooks.sign(b"{}", SECRET)}
+    for url in (hook.url, hook.url.replace("127.0.0.1", "localhost")):
+        refused = webhooks.post(url, body, headers, networks=["public"], timeout=5)
+        assert (refused.delivered, refused.refused, refused.retry) == (False, True, False)
+        assert "outside the networks webhooks may reach" in refused.message
+    assert hook.requests == []
+
+    # The test processes allow 127.0.0.0/8; "localhost" is resolved once and
+    # its allowed address (127.0.0.1, not ::1) is the one connected to.
+    assert settings.WEBHOOK_ALLOWED_NETWORKS == ["127.0.0.0/8"]
+    for url in (hook.url, hook.url.replace("127.0.0.1", "localhost")):
+        sent = webhooks.post(url, body, headers, networks=settings.WEBHOOK_ALLOWED_NETWORKS, timeout=5)
+        assert (sent.delivered, sent.status) == (True, 200), sent.message
+    assert [r["path"] for r in hook.requests] == ["/hook?team=7"] * 2
+    assert hook.requests[1]["headers"]["host"] == f"localhost:{hook.server.server_port}"
+
+
+def test_it_follows_no_redirect(receiver):
+    target = receiver()
+    hook = receiver(statuses=(302,), location=target.url)
+    outcome = webhooks.post(hook.url, b"{}", {}, networks=["127.0.0.0/8"], timeout=5)
+    assert (outcome.delivered, outcome.retry, outcome.status) == (False, False, 302)
+    assert "redirects are not followed" in outcome.message
+    assert len(hook.requests) == 1 and target.requests == []
+
+
+def test_a_slow_receiver_is_given_up_at_the_timeout(receiver):
+    hook = receiver(delay=3.0)
+    started = time.monotonic()
+    outcome = webhooks.post(hook.url, b"{}", {}, networks=["127.0.0.0/8"], timeout=0.5)
+    assert time.monotonic() - started < 1.5
+    assert (outcome.delivered, outcome.retry) == (False, True) and "no answer within 0.5 s" in outcome.message
+
+
+def test_a_closed_port_is_worth_another_try():
+    outcome = webhooks.post(f"http://127.0.0.1:{free_port()}/", b"{}", {}, networks=["127.0.0.0/8"], timeout=2)
+    assert (outcome.delivered, outcome.retry) == (False, True) and "cannot connect" in outcome.message
+
+
+# ------------------------------------------------ state changes, through the services
+
+
+def test_running_and_succeeded_reach_the_webhook_signed_after_commit(drain, receiver, alice, node):
+    hook = receiver()
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    job = gpu_job(alice, node)
+    task = start(job)["main-0"]
+    assert exit_(task, 0)
+    # Nothing is sent inside a state change: it is only enqueued. (RUNNING
+    # may have come already: a test cluster's agent may place the job.)
+    assert State.SUCCEEDED not in {json.loads(r["body"])["state"] for r in hook.requests}
+    assert notify_depth() >= 1
+    drain()
+
+    sent = events(hook.wait(2))
+    assert set(sent) == {State.RUNNING, State.SUCCEEDED}
+    job.refresh_from_db()
+    assert sent[State.SUCCEEDED] == {
+        "event": "jobStateChanged", "job": f"{alice.username}~{job.name}", "jobName": job.name,
+        "user": alice.username, "state": "SUCCEEDED", "previousState": "RUNNING", "exitReason": "all tasks succeeded",
+        "time": sent[State.SUCCEEDED]["time"], "url": f"/jobs/{job.pk}/",
+    }
+    assert sent[State.RUNNING]["previousState"] == "WAITING" and sent[State.RUNNING]["exitReason"] is None
+    finished = datetime.fromisoformat(sent[State.SUCCEEDED]["time"].replace("Z", "+00:00"))
+    assert abs((finished - job.finished_at).total_seconds()) < 0.01
+    delivered = NotificationDelivery.objects.filter(user=alice, job=job)
+    assert sorted(delivered.values_list("payload__state", "status", "tries", "response_code")) == [
+        ("RUNNING", Status.DELIVERED, 1, 200), ("SUCCEEDED", Status.DELIVERED, 1, 200)]
+
+
+def test_failed_and_stopped_carry_their_reasons(drain, receiver, alice, node):
+    hook = receiver()
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    failing = gpu_job(alice, node)
+    assert exit_(start(failing)["main-0"], 3)
+    waiting = waiting_job(alice)
+    services.job_stop(job=waiting, by=alice)
+    drain()
+
+    by_job: dict[str, dict] = {}
+    for request in hook.wait(3):
+        event = events([request])
+        for state, body in event.items():
+            by_job.setdefault(body["jobName"], {})[state] = body
+    assert by_job[failing.name][State.FAILED]["exitReason"] == "task main-0 failed: the command exited with code 3"
+    assert by_job[failing.name][State.FAILED]["previousState"] == "RUNNING"
+    assert list(by_job[waiting.name]) == [State.STOPPED]
+    stopped = by_job[waiting.name][State.STOPPED]
+    assert (stopped["previousState"], stopped["exitReason"]) == ("WAITING", f"stopped by {alice.username}")
+
+
+def test_a_user_without_a_webhook_costs_no_queued_work(drain, alice, bob, receiver):
+    notifications.webhook_set(user=bob, url=receiver().url, secret=SECRET)  # someone else's
+    services.job_stop(job=waiting_job(alice), by=alice)
+    assert notify_depth() == 0
+    services.job_stop(job=waiting_job(bob), by=bob)
+    assert notify_depth() == 1
+
+
+def test_a_rolled_back_change_tells_no_one(drain, receiver, alice):
+    from django.db import transaction
+
+    notifications.webhook_set(user=alice, url=receiver().url, secret=SECRET)
+    job = waiting_job(alice)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.job_stop(job=job, by=alice)
+        raise RuntimeError("the caller's transaction fails after the stop")
+    assert notify_depth() == 0
+    job.refresh_from_db()
+    assert job.state == State.WAITING
+
+
+def test_a_failed_delivery_is_tried_again_after_its_wait(drain, receiver, alice, settings):
+    settings.WEBHOOK_RETRY_SECONDS = [0.3]
+    hook = receiver(statuses=(503,))
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert (delivery.status, delivery.tries, delivery.response_code) == (Status.RETRYING, 1, 503)
+    assert delivery.next_try_at > timezone.now() - timedelta(seconds=1)
+
+    assert queues.enqueue_due_notifications() == 0  # not due yet
+    time.sleep(0.35)
+    assert queues.enqueue_due_notifications() == 1
+    assert queues.enqueue_due_notifications() == 0  # taken once, whoever asks
+    drain()
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.tries, delivery.response_code, delivery.next_try_at) == (
+        Status.DELIVERED, 2, 200, None)
+    first, second = hook.wait(2)
+    assert first["body"] == second["body"]
+    assert first["headers"]["x-portal-delivery"] == second["headers"]["x-portal-delivery"] == str(delivery.pk)
+
+
+def test_it_gives_up_after_the_last_wait_and_never_retries_a_refusal(drain, receiver, alice, settings):
+    settings.WEBHOOK_RETRY_SECONDS = [0.0]
+    hook = receiver(statuses=(500, 500))
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    assert queues.enqueue_due_notifications() == 1
+    drain()
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert (delivery.status, delivery.tries) == (Status.FAILED, 2)
+    assert delivery.result == "HTTP 500 (gave up after 2 tries)"
+
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["public"]  # the default: loopback is refused
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    refused = NotificationDelivery.objects.filter(user=alice).order_by("-id").first()
+    assert (refused.status, refused.tries, refused.next_try_at) == (Status.REFUSED, 1, None)
+    assert "outside the networks webhooks may reach" in refused.result
+    assert queues.enqueue_due_notifications() == 0 and len(hook.requests) == 2
+
+
+# ------------------------------------------------------------------ e-mail
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[str], email.message.Message]] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 (aiosmtpd's name)
+        self.messages.append((list(envelope.rcpt_tos), email.message_from_bytes(envelope.content)))
+        return "250 Message accepted for delivery"
+
+
+@pytest.fixture
+def smtp(settings):
+    """A real SMTP server on a free 127.0.0.1 port, and the portal pointed at it."""
+    from aiosmtpd.controller import Controller
+
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", controller.port
+    try:
+        yield inbox
+    finally:
+        controller.stop()
+
+
+def with_email(user):
+    user.email = f"{user.username}@example.org"
+    user.save(update_fields=["email"])
+    return user
+
+
+def test_it_emails_the_states_a_user_opted_in_to(drain, smtp, alice, node):
+    with_email(alice)
+    notifications.email_states_set(user=alice, states=[State.SUCCEEDED, State.FAILED])
+    job = gpu_job(alice, node)
+    assert exit_(start(job)["main-0"], 0)
+    drain()
+    wait_for(lambda: smtp.messages, what="an e-mail")
+    [(recipients, message)] = smtp.messages  # RUNNING was not asked for
+    assert recipients == [alice.email]
+    assert message["Subject"] == f"Job {alice.username}~{job.name} is succeeded"
+    assert message["Auto-Submitted"] == "auto-generated"
+    assert "went from RUNNING to SUCCEEDED" in message.get_payload() and f"/jobs/{job.pk}/" in message.get_payload()
+    delivery = NotificationDelivery.objects.get(user=alice, channel=NotificationDelivery.Channel.EMAIL)
+    assert (delivery.status, delivery.target) == (Status.DELIVERED, alice.email)
+
+
+def test_a_v1_config_asks_for_email_with_extras(drain, smtp, alice, node):
+    with_email(alice)  # and no choice made on the Profile page
+    job = gpu_job(alice, node, extras={"jobStatusChangeNotification": {"running": False, "failed": True}})
+    assert exit_(start(job)["main-0"], 2)
+    drain()
+    wait_for(lambda: smtp.messages, what="an e-mail")
+    assert [message["Subject"] for _to, message in smtp.messages] == [f"Job {alice.username}~{job.name} is failed"]
+    assert "Reason: task main-0 failed: the command exited with code 2" in smtp.messages[0][1].get_payload()
+
+
+def test_a_v2_config_asks_for_email_with_extras(drain, smtp, alice):
+    with_email(alice)
+    name = f"v2mail-{uuid.uuid4().hex[:8]}"
+    job = submit(alice, f"""protocolVersion: 2
+name: {name}
+type: job
+prerequisites:
+  - {{name: img, type: dockerimage, uri: pai-local/busybox:latest}}
+taskRoles:
+  main:
+    instances: 1
+    dockerImage: img
+    resourcePerInstance: {{cpu: 1, memoryMB: 256, gpu: {NEVER_FITS_GPUS}}}
+    commands: ["sleep 1"]
+extras:
+  jobStatusChangeNotification: {{stopped: true}}
+""")
+    assert job.spec.extras["jobStatusChangeNotification"] == {"stopped": True}
+    services.job_stop(job=job, by=alice)
+    drain()
+    wait_for(lambda: smtp.messages, what="an e-mail")
+    assert [message["Subject"] for _to, message in smtp.messages] == [f"Job {alice.username}~{name} is stopped"]
+
+
+def test_no_smtp_server_means_no_email_and_no_queued_work(drain, alice, settings):
+    settings.EMAIL_HOST = ""
+    with_email(alice)
+    notifications.email_states_set(user=alice, states=[State.STOPPED])
+    services.job_stop(job=waiting_job(alice, extras={"jobStatusChangeNotification": True}), by=alice)
+    assert notify_depth() == 0
+
+
+def test_an_smtp_server_that_is_down_is_tried_again(drain, alice, settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", free_port(), 2
+    with_email(alice)
+    notifications.email_states_set(user=alice, states=[State.STOPPED])
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert (delivery.channel, delivery.status) == (NotificationDelivery.Channel.EMAIL, Status.RETRYING)
+    assert delivery.result.startswith("SMTP failed")
+
+
+# ------------------------------------------------------------ the Profile page
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_profile_page_sets_and_removes_a_webhook(alice):
+    client = logged_in(alice)
+    page = client.get("/profile/")
+    assert page.status_code == 200 and 'id="notifications"' in page.content.decode()
+    answer = client.post("/profile/notifications/webhook/", {"url": "https://hooks.example.org/x", "secret": SECRET})
+    assert answer.status_code == 302 and answer["Location"] == "/profile/#notifications"
+    row = NotificationSettings.objects.get(user=alice)
+    assert row.webhook_url == "https://hooks.example.org/x" and SECRET not in row.webhook_secret_sealed
+    shown = client.get("/profile/").content.decode()
+    assert "https://hooks.example.org/x" in shown and SECRET not in shown
+
+    # An empty secret keeps the one set before; a bad URL changes nothing.
+    client.post("/profile/notifications/webhook/", {"url": "https://hooks.example.org/y", "secret": ""})
+    row.refresh_from_db()
+    assert row.webhook_url == "https://hooks.example.org/y" and row.webhook_secret_sealed
+    bad = client.post("/profile/notifications/webhook/", {"url": "http://10.0.0.1/x", "secret": ""}, follow=True)
+    assert "outside the networks webhooks may reach" in bad.content.decode()
+    assert NotificationSettings.objects.get(user=alice).webhook_url == "https://hooks.example.org/y"
+
+    client.post("/profile/notifications/webhook/delete/")
+    assert NotificationSettings.objects.get(user=alice).webhook_url == ""
+
+
+def test_the_profile_page_saves_email_choices_and_lists_the_latest_20_deliveries(alice, settings):
+    settings.EMAIL_HOST = "127.0.0.1"
+    client = logged_in(alice)
+    client.post("/profile/notifications/email/", {"states": ["FAILED", "STOPPED", "BOGUS"]})
+    assert NotificationSettings.objects.get(user=alice).email_states == ["FAILED", "STOPPED"]
+    NotificationDelivery.objects.bulk_create([
+        NotificationDelivery(user=alice, channel="webhook", status=Status.DELIVERED, result="HTTP 204",
+                             payload={"job": f"{alice.username}~j{i}x", "state": "FAILED"},
+                             target="https://hooks.example.org/")
+        for i in range(25)])
+    page = client.get("/profile/").content.decode()
+    assert 'value="FAILED" checked' in page and 'value="RUNNING">' in page
+    shown = [i for i in range(25) if f"~j{i}x<" in page]
+    assert shown == list(range(5, 25))
+
+
+def test_nobody_sees_or_changes_another_users_notifications(alice, bob):
+    notifications.webhook_set(user=alice, url="https://hooks.example.org/alice", secret=SECRET)
+    NotificationDelivery.objects.create(user=alice, channel="webhook", payload={"job": "alice~secretjob",
+                                        "state": "FAILED"}, target="https://hooks.example.org/alice")
+    page = logged_in(bob).get("/profile/").content.decode()
+    assert "hooks.example.org/alice" not in page and "secretjob" not in page
+    logged_in(bob).post("/profile/notifications/webhook/delete/")
+    assert NotificationSettings.objects.get(user=alice).webhook_url == "https://hooks.example.org/alice"
+
+    anonymous = Client()
+    for method, path in (("get", "/profile/"), ("post", "/profile/notifications/webhook/"),
+                         ("post", "/profile/notifications/webhook/delete/"), ("post", "/profile/notifications/email/")):
+        answer = getattr(anonymous, method)(path, {"url": "https://evil.example.org/", "secret": SECRET})
+        assert answer.status_code == 302 and answer["Location"].startswith("/login/"), path
+    assert NotificationSettings.objects.get(user=alice).webhook_url == "https://hooks.example.org/alice"
+
+
+# ------------------------------------------------------------------ the REST API
+
+
+def bearer(user) -> dict[str, str]:
+    made = tokens.token_create(user=user, lifetime=timedelta(hours=1), label="test")
+    return {"HTTP_AUTHORIZATION": f"Bearer {made.key}"}
+
+
+def call(method: str, path: str, headers: dict[str, str], body: dict | None = None):
+    client = Client()
+    kwargs = {"data": json.dumps(body), "content_type": "application/json"} if method == "put" else {}
+    return getattr(client, method)(path, **kwargs, **headers)
+
+
+def test_the_api_sets_shows_and_removes_ones_own_webhook(alice):
+    path, auth = f"/api/v1/user/{alice.username}/webhook", bearer(alice)
+    assert call("get", path, auth).json() == {"url": None}
+    answer = call("put", path, auth, {"url": "https://hooks.example.org/a", "secret": SECRET})
+    assert answer.status_code == 200 and answer.json() == {"url": "https://hooks.example.org/a"}
+    assert call("get", path, auth).json() == {"url": "https://hooks.example.org/a"}  # never the secret
+    for body, words in (({"url": "https://hooks.example.org/a"}, "secret is required"),
+                        ({"url": "https://hooks.example.org/a", "secret": "short"}, "16 to 256"),
+                        ({"url": "http://169.254.169.254/latest", "secret": SECRET}, "outside the networks"),
+                        ({"url": "gopher://x/", "secret": SECRET}, "http:// or https://")):
+        refused = call("put", path, auth, body)
+        assert refused.status_code == 400 and refused.json()["code"] == "InvalidParametersError"
+        assert words in refused.json()["message"]
+    assert call("delete", path, auth).json() == {"message": "webhook removed"}
+    assert call("get", path, auth).json() == {"url": None}
+
+
+def test_the_api_lets_only_the_owner_and_admins_near_a_webhook(alice, bob, admin_user):
+    notifications.webhook_set(user=alice, url="https://hooks.example.org/alice", secret=SECRET)
+    path = f"/api/v1/user/{alice.username}/webhook"
+    for method in ("get", "put", "delete"):
+        as_bob = call(method, path, bearer(bob), {"url": "https://evil.example.org/", "secret": SECRET})
+        assert (as_bob.status_code, as_bob.json()["code"]) == (403, "ForbiddenUserError")
+        anonymous = call(method, path, {}, {"url": "https://evil.example.org/", "secret": SECRET})
+        assert (anonymous.status_code, anonymous.json()["code"]) == (401, "UnauthorizedUserError")
+    # Another user, named or not, gets the same answer.
+    assert call("get", "/api/v1/user/nobody_here/webhook", bearer(bob)).status_code == 403
+    assert NotificationSettings.objects.get(user=alice).webhook_url == "https://hooks.example.org/alice"
+
+    admin = bearer(admin_user)
+    assert call("get", path, admin).json() == {"url": "https://hooks.example.org/alice"}
+    assert call("put", path, admin, {"url": "https://hooks.example.org/b", "secret": SECRET}).status_code == 200
+    assert call("get", "/api/v1/user/nobody_here/webhook", admin).json()["code"] == "NoUserError"
+
+
+# ------------------------------------------------------- the real cluster, end to end
+
+
+@pytest.mark.services
+def test_a_real_jobs_running_and_succeeded_reach_the_receiver_signed(cluster, receiver, alice):
+    hook = receiver()
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    job = submit(alice, config(f"hook-{uuid.uuid4().hex[:8]}", role(command="echo notified")))
+    wait_state(job, State.SUCCEEDED)
+    sent = events(hook.wait(2))
+    assert set(sent) == {State.RUNNING, State.SUCCEEDED}
+    assert sent[State.SUCCEEDED]["job"] == f"{alice.username}~{job.name}"
+    assert sent[State.SUCCEEDED]["exitReason"] == "all tasks succeeded"
+    wait_for(lambda: NotificationDelivery.objects.filter(user=alice, job=job, status=Status.DELIVERED).count() == 2,
+             what="both deliveries recorded as delivered")

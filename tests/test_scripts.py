@@ -1,0 +1,41 @@
+"""The set-up scripts' process records: scripts/test keeps its own, so a test
+run beside a running portal never drops what scripts/run started (seen:
+scripts/stop then said "stopped" while the portal kept running)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from tests.cluster import ROOT
+
+
+def _bash(var, script: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f'source scripts/lib.sh; {script}'], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PORTAL_VAR_DIR": str(var), **env})
+
+
+def test_it_keeps_the_tests_records_apart_from_the_portals(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Reaped as soon as it ends, as the scripts' shell reaps its children:
+    # a zombie would still answer `kill -0`.
+    reaper = threading.Thread(target=sleeper.wait, daemon=True)
+    reaper.start()
+    try:
+        portal = _bash(tmp_path, f'echo {sleeper.pid} > "$RUN/agent.pid"; echo agent >> "$RUN/started"; echo "$RUN"')
+        # What scripts/test does first, and at its end.
+        test = _bash(tmp_path, 'rm -f "$RUN/started"; stop_started; echo "$RUN"', PORTAL_RUN_SET="test")
+        assert portal.stdout.strip() != test.stdout.strip()
+        assert sleeper.poll() is None
+        assert (tmp_path / "run" / "started").read_text().split() == ["agent"]
+        # scripts/stop's part: the portal's record stops the portal's process.
+        stopped = _bash(tmp_path, "stop_started && echo all-stopped")
+        assert "all-stopped" in stopped.stdout, stopped.stderr
+        reaper.join(timeout=30)
+        assert sleeper.poll() is not None
+        assert not (tmp_path / "run" / "started").exists()
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()

@@ -1,0 +1,251 @@
+"""The WebHDFS backend (jobs/storage/webhdfs.py) against a real HDFS: Hadoop's
+MiniDFSCluster with WebHDFS and permissions on (tests/hdfs_cluster.py, one
+JVM per session). Files, folders and errors; each portal user's requests
+running as that user (doas) in homes HDFS gives them; HDFS itself refusing
+one user another's home; the job storage contract and the storage page.
+
+Jobs on HDFS end to end (node agents, gunicorn, Docker) are in
+test_webhdfs_jobs.py. The protocol server tests/webhdfs_server.py is kept
+only for watching the exact requests the portal sends (test_storage.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+from jobs import services, storage
+from jobs.storage import access
+from jobs.storage.webhdfs import WebHdfsBackend
+from tests.hdfs_cluster import SERVICE_USER
+from tests.helpers import config, role
+
+pytestmark = pytest.mark.services
+
+MB = 1024 * 1024
+
+
+@pytest.fixture
+def service(hdfs_cluster) -> WebHdfsBackend:
+    """The portal's own backend on the minicluster (the service user)."""
+    return WebHdfsBackend(hdfs_cluster.url, user=SERVICE_USER)
+
+
+@pytest.fixture
+def on_real_hdfs(hdfs_cluster):
+    """The whole storage package on the minicluster, as STORAGE_BACKEND=webhdfs sets it."""
+    with override_settings(**hdfs_cluster.portal_settings()):
+        yield hdfs_cluster
+
+
+def reader(user, *, admin: bool = False) -> access.Reader:
+    return storage.reader_for(user_name=user.username, is_admin=admin)
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+# ------------------------------------------------------ files and folders
+
+def test_it_writes_lists_reads_and_deletes_files_on_hdfs(service, hdfs_cluster, alice, tmp_path: Path) -> None:
+    home = f"/{alice.username}"
+    service.make_home(home, owner=alice.username)
+    mine = service.as_user(alice.username)
+    known = tmp_path / "train.py"
+    known.write_bytes(b"print(2)\n")
+    with open(known, "rb") as stream:  # a real file: sent with its Content-Length
+        assert mine.write(f"{home}/code/train.py", stream) == 9
+    data = os.urandom(3 * MB + 5)
+    chunked = io.BufferedReader(io.BytesIO(data))  # no length, no fileno: sent in chunks
+    assert mine.write(f"{home}/data/big.bin", chunked) == 3 * MB + 5
+    streamed = list(mine.iter_bytes(f"{home}/data/big.bin"))
+    assert len(streamed) > 1 and max(len(c) for c in streamed) <= MB  # downloaded in chunks, not whole
+    assert hashlib.sha256(b"".join(streamed)).digest() == hashlib.sha256(data).digest()
+    assert hdfs_cluster.read(f"{home}/data/big.bin") == data  # what another HDFS client reads
+
+    assert {e.name: e.is_dir for e in mine.list(home)} == {"code": True, "data": True}
+    assert mine.stat(f"{home}/code/train.py").size == 9 and mine.stat(f"{home}/nope") is None
+    assert mine.stat(f"{home}/code").modified is not None
+    assert hdfs_cluster.status(f"{home}/code/train.py")["owner"] == alice.username  # written as alice
+    with pytest.raises(storage.StorageError, match="already exists"):
+        mine.write(f"{home}/code/train.py", io.BytesIO(b"again"))
+    assert mine.write(f"{home}/code/train.py", io.BytesIO(b"v2"), overwrite=True) == 2
+    assert b"".join(mine.iter_bytes(f"{home}/code/train.py")) == b"v2"
+    mine.mkdir(f"{home}/empty/deeper")
+    mine.mkdir(f"{home}/empty/deeper")  # fine when it exists
+    assert mine.stat(f"{home}/empty/deeper").is_dir
+
+    with pytest.raises(storage.StorageNotFound):
+        mine.list(f"{home}/nope")
+    with pytest.raises(storage.StorageError, match="not empty"):
+        mine.delete(f"{home}/data")
+    assert mine.delete(f"{home}/data", recursive=True) and mine.delete(f"{home}/data") is False
+    assert mine.stat(f"{home}/data") is None
+
+
+def test_it_reports_hdfs_errors_as_storage_errors(service, hdfs_cluster, alice, tmp_path: Path) -> None:
+    home = f"/{alice.username}"
+    service.make_home(home, owner=alice.username)
+    mine = service.as_user(alice.username)
+    locked = f"/locked-{alice.username}"
+    service.mkdir(locked)  # 755, the service user's
+    with pytest.raises(storage.StorageAccessDenied, match=f"user={alice.username}, access=WRITE"):
+        mine.write(f"{locked}/file.txt", io.BytesIO(b"x"))
+    with pytest.raises(storage.StorageAccessDenied):
+        mine.mkdir(f"{locked}/sub")
+    hidden = f"{locked}/hidden"
+    service.mkdir(hidden)
+    service.client.set_permission(hidden, permission="700")
+    with pytest.raises(storage.StorageAccessDenied, match="READ_EXECUTE"):
+        mine.list(hidden)
+
+    mine.write(f"{home}/file", io.BytesIO(b"x"))
+    with pytest.raises(storage.StorageError, match="a file is in the way|not a directory"):
+        mine.mkdir(f"{home}/file/sub")
+    with pytest.raises(storage.StorageError, match="a file is in the way|not a directory"):
+        mine.write(f"{home}/file/inner.txt", io.BytesIO(b"x"))
+    with pytest.raises(storage.StorageError, match="is a file; expected a folder"):
+        mine.list(f"{home}/file")
+    with pytest.raises(storage.StorageError, match="is a file; expected a folder"):
+        mine.download_tree(f"{home}/file", tmp_path / "stage", max_bytes=MB)
+    with pytest.raises(storage.StorageError, match="is a folder; expected a file"):
+        b"".join(mine.iter_bytes(home))
+    with pytest.raises(storage.StorageNotFound):
+        b"".join(mine.iter_bytes(f"{home}/missing.txt"))
+    with pytest.raises(storage.StorageAccessDenied, match="root cannot be deleted"):
+        service.delete("/", recursive=True)
+
+    down = WebHdfsBackend("http://127.0.0.1:9", user=SERVICE_USER)
+    with pytest.raises(storage.StorageError, match="did not answer"):
+        down.stat("/")
+
+
+# ------------------------------------------------ HDFS enforces who is who
+
+def test_it_makes_homes_that_only_their_user_may_open_and_hdfs_itself_refuses_others(
+        client, on_real_hdfs, alice, bob) -> None:
+    client.force_login(alice)
+    assert client.get("/storage/").status_code == 200  # the first visit makes the home
+    home = f"/{alice.username}"
+    status = on_real_hdfs.status(home)
+    assert (status["owner"], status["permission"]) == (alice.username, "700")
+    upload = io.BytesIO(b"alice's notes")
+    upload.name = "notes.txt"
+    assert client.post("/storage/upload/", {"path": home, "files": [upload]},
+                       headers={"accept": "application/json"}).status_code == 200
+    assert on_real_hdfs.status(f"{home}/notes.txt")["owner"] == alice.username
+
+    # HDFS itself, asked directly as bob, refuses: list, read, write.
+    for method, path, op in (("GET", home, "LISTSTATUS"), ("GET", f"{home}/notes.txt", "OPEN"),
+                             ("PUT", f"{home}/bob.txt", "CREATE"), ("DELETE", f"{home}/notes.txt", "DELETE")):
+        refused = on_real_hdfs.webhdfs(method, path, user=bob.username, op=op, data=b"x")
+        assert refused.status_code == 403, (op, refused.text)
+        assert refused.json()["RemoteException"]["exception"] == "AccessControlException"
+        assert f"user={bob.username}" in refused.json()["RemoteException"]["message"]
+    assert on_real_hdfs.read(f"{home}/notes.txt", user=alice.username) == b"alice's notes"
+    # ... and so does it when the portal acts for bob past its own rules.
+    as_bob = storage.backend().as_user(bob.username)
+    with pytest.raises(storage.StorageAccessDenied, match=f"user={bob.username}"):
+        as_bob.list(home)
+    with pytest.raises(storage.StorageAccessDenied):
+        as_bob.write(f"{home}/x.txt", io.BytesIO(b"x"))
+    # A user who is not the portal's proxy user cannot act for alice.
+    impersonating = on_real_hdfs.webhdfs("GET", home, user=bob.username, op="LISTSTATUS", doas=alice.username)
+    assert impersonating.status_code == 403 and "is not allowed to impersonate" in impersonating.text
+
+    # Outputs: /Output/<user> is made at submission, alice's alone as well.
+    job = services.job_submit(owner=alice, config=json.dumps(config("homes", role())))
+    services.job_stop(job=job, by=alice)
+    output_home = on_real_hdfs.status(f"/Output/{alice.username}")
+    assert (output_home["owner"], output_home["permission"]) == (alice.username, "700")
+    assert on_real_hdfs.status(f"/Output/{alice.username}/homes")["owner"] == alice.username
+    assert on_real_hdfs.status("/Output")["permission"] == "755"
+
+    # A portal user named like the service user would get its superuser powers: refused.
+    with pytest.raises(storage.StorageAccessDenied, match="name of the HDFS service user"):
+        storage.backend().as_user(SERVICE_USER)
+
+
+def test_it_lets_admins_act_as_the_service_user(client, on_real_hdfs, alice, admin_user) -> None:
+    home = f"/{alice.username}"
+    storage.ensure_home(reader(alice), home)
+    storage.backend_for(reader(alice)).write(f"{home}/private.txt", io.BytesIO(b"mine"))
+    client.force_login(admin_user)
+    download = client.get("/storage/download/", {"path": f"{home}/private.txt"})
+    assert download.status_code == 200 and b"".join(download.streaming_content) == b"mine"
+
+
+# ------------------------------------------------------ the job contract
+
+def test_it_runs_the_job_storage_contract_on_hdfs(on_real_hdfs, alice, admin_user, tmp_path: Path) -> None:
+    fs = on_real_hdfs.fs_uri
+    home = f"/{alice.username}"
+    me = reader(alice)
+    write_tree(tmp_path / "code", {"run.sh": b"echo hi\n", "pkg/mod.py": b"x = 1\n"})
+    assert storage.upload_tree(tmp_path / "code", f"{fs}{home}/code", reader=me) == 14
+    storage.backend_for(me).write(f"{home}/auth", io.BytesIO(b"reg\nalice\npw-secret\n"))
+    cfg = config("onhdfs", role(), codeDir=f"{fs}{home}/code", dataDir="hdfs:///shared/imagenet", authFile="auth")
+    spec = services.parse_for_user(json.dumps(cfg), user=alice).spec
+    assert spec.output_dir == f"{fs}/Output/{alice.username}/onhdfs"
+    assert storage.check_job_paths(user_name=alice.username, is_admin=False, spec=spec) == []
+    storage.ensure_output_dir(user_name=alice.username, uri=spec.output_dir)
+    assert on_real_hdfs.status(f"/Output/{alice.username}/onhdfs")["owner"] == alice.username
+    assert storage.stage_tree(spec.code_dir, tmp_path / "stage", max_bytes=MB, reader=me) == 14
+    assert (tmp_path / "stage/pkg/mod.py").read_bytes() == b"x = 1\n"
+    with pytest.raises(storage.StorageError, match="limit for a code folder"):
+        storage.stage_tree(spec.code_dir, tmp_path / "stage2", max_bytes=10, reader=me)
+    auth = storage.read_small_file(spec.auth_file, max_bytes=100, user_name=alice.username, reader=me)
+    assert storage.parse_auth_file(auth)[2] == "pw-secret"
+
+    # The portal's rules allow everyone to read shared folders; a shared
+    # folder an admin closed on HDFS is refused by HDFS, and said so.
+    admin = reader(admin_user, admin=True)
+    storage.backend_for(admin).mkdir("/shared/closed-code")
+    storage.backend().client.set_permission("/shared/closed-code", permission="700")
+    closed = services.parse_for_user(json.dumps(config("closed", role(), codeDir="/shared/closed-code")), user=alice)
+    problems = dict(storage.check_job_paths(user_name=alice.username, is_admin=False, spec=closed.spec))
+    assert "HDFS refuses access to /shared/closed-code" in problems["codeDir"]
+    assert f"user={alice.username}" in problems["codeDir"]
+
+    bad = config("onhdfs2", role(), codeDir=f"file://{home}/code", outputDir="hdfs://other:9000/x")
+    problems = dict(storage.check_job_paths(user_name=alice.username, is_admin=False,
+                                            spec=services.parse_for_user(json.dumps(bad), user=alice).spec))
+    assert "keeps files on HDFS" in problems["codeDir"] and "not this cluster's HDFS" in problems["outputDir"]
+
+
+# ------------------------------------------------------- the storage page
+
+def test_it_serves_the_storage_page_from_hdfs_with_streamed_uploads(client, alice, on_real_hdfs) -> None:
+    fs = on_real_hdfs.fs_uri
+    client.force_login(alice)
+    home = f"/{alice.username}"
+    assert f"{fs}{home}" in client.get("/storage/").content.decode()
+    big = io.BytesIO(os.urandom(3 * MB))  # past FILE_UPLOAD_MAX_MEMORY_SIZE: Django spools it to a temp file
+    big.name = "weights.bin"
+    small = io.BytesIO(b"small")
+    small.name = "notes.txt"
+    saved = client.post("/storage/upload/", {"path": home, "files": [big, small], "names": ["model/weights.bin", "notes.txt"]},
+                        headers={"accept": "application/json"})
+    assert saved.status_code == 200, saved.content
+    assert on_real_hdfs.read(f"{home}/model/weights.bin") == big.getvalue()
+    download = client.get("/storage/download/", {"path": f"{fs}{home}/model/weights.bin"})
+    assert b"".join(download.streaming_content) == big.getvalue() and download["Content-Length"] == str(3 * MB)
+    page = client.get("/storage/", {"path": "model"}).content.decode()
+    quoted = fs.replace(":", "%3A").replace("/", "%2F")
+    assert "weights.bin" in page and f"/submit/?outputDir={quoted}%2F{alice.username}%2Fmodel" in page
+    assert client.post("/storage/folder/", {"path": home, "name": "results"}).status_code == 302
+    assert on_real_hdfs.status(f"{home}/results")["owner"] == alice.username
+    assert client.post("/storage/delete/", {"path": f"{home}/model"}).status_code == 302
+    assert on_real_hdfs.status(f"{home}/model") is None
+    missing = client.get("/storage/download/", {"path": f"{home}/nope.bin"})
+    assert missing.status_code == 404

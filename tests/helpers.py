@@ -107,3 +107,40 @@ def login(base_url: str, user) -> requests.Session:
 
 __all__ = ["BUSYBOX_IMAGE", "DEBIAN_IMAGE", "config", "role", "submit", "wait_state", "running_attempt", "lines",
            "describe", "example", "hashed_password", "csrf_token", "login"]
+
+
+def submit_in_one_batch(user, configs: list[str]) -> dict[int, str]:
+    """Submit `configs` so that job_store's group commit stores them in one
+    write: each queues, in order, behind a write this helper holds, then the
+    first is handed the lead. Returns {index: "stored" or the error code}."""
+    import threading
+
+    from django.db import connection
+
+    from jobs.services import job_store
+
+    results: dict[int, str] = {}
+
+    def send(i: int) -> None:
+        try:
+            services.job_submit(owner=user, config=configs[i])
+            results[i] = "stored"
+        except services.SubmitError as exc:
+            results[i] = exc.code
+        finally:
+            connection.close()
+
+    with job_store._queue.ready:
+        assert not job_store._queue.writing
+        job_store._queue.writing = True
+    threads = []
+    for i in range(len(configs)):  # one at a time, so the batch keeps this order
+        threads.append(threading.Thread(target=send, args=(i,)))
+        threads[-1].start()
+        wait_for(lambda: len(job_store._queue.waiting) == i + 1, what=f"submission {i} to queue")
+    with job_store._queue.ready:
+        job_store._queue.waiting[0].leads = True
+        job_store._queue.ready.notify_all()
+    for thread in threads:
+        thread.join(30)
+    return results

@@ -23,6 +23,7 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import ACTIVE_TASK_STATES, GpuAllocation, Job, Node, PortAllocation, State, TaskAttempt
 from tests.cluster import wait_for
+from tests.helpers import submit_in_one_batch
 
 pytestmark = pytest.mark.services
 
@@ -105,7 +106,6 @@ def test_it_stores_submissions_that_queue_together_in_one_transaction(alice, red
 
     services.job_submit(owner=alice, config=_plain("taken"))
     names = ["taken", "twice", "twice", "sweep-1", "sweep-2"]
-    results: dict[int, str] = {}
     inserts: list[int] = []
     real_insert = job_store._insert
 
@@ -113,29 +113,9 @@ def test_it_stores_submissions_that_queue_together_in_one_transaction(alice, red
         inserts.append(len(batch))
         real_insert(batch)
 
-    def submit(i: int) -> None:
-        try:
-            services.job_submit(owner=alice, config=_plain(names[i]))
-            results[i] = "stored"
-        except services.SubmitError as exc:
-            results[i] = exc.code
-        finally:
-            connection.close()
-
-    with job_store._queue.ready:
-        assert not job_store._queue.writing
-        job_store._queue.writing = True
     job_store._insert = counting_insert
     try:
-        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(names))]
-        for thread in threads:
-            thread.start()
-        wait_for(lambda: len(job_store._queue.waiting) == len(names), what="five queued submissions")
-        with job_store._queue.ready:
-            job_store._queue.waiting[0].leads = True
-            job_store._queue.ready.notify_all()
-        for thread in threads:
-            thread.join(30)
+        results = submit_in_one_batch(alice, [_plain(name) for name in names])
     finally:
         job_store._insert = real_insert
     assert inserts[0] == len(names)  # first tried as one batch, then one by one

@@ -14,13 +14,11 @@ from __future__ import annotations
 import html
 import json
 import os
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.http import HttpResponse
 from django.test import Client
 from django.utils import timezone
@@ -32,7 +30,7 @@ from jobs.services.lifecycle import ContainerExit
 from jobs.submit_draft import check_draft
 from tests.cluster import wait_for
 from tests.conftest import unique
-from tests.helpers import config, role, submit
+from tests.helpers import config, role, submit, submit_in_one_batch
 
 pytestmark = pytest.mark.services  # scheduling and storing jobs wake the scheduler through Redis
 
@@ -176,30 +174,7 @@ def test_it_lets_no_extra_job_through_when_submissions_are_stored_together(alice
     # counted again inside the write: exactly three are stored.
     limit(alice, max_waiting_jobs=3)
     names = ["one", "one", "two", "three", "four"]
-    results: dict[int, str] = {}
-
-    def send(i: int) -> None:
-        try:
-            submit(alice, parked_config(names[i]))
-            results[i] = "stored"
-        except services.SubmitError as exc:
-            results[i] = exc.code
-        finally:
-            connection.close()
-
-    with job_store._queue.ready:
-        assert not job_store._queue.writing
-        job_store._queue.writing = True
-    threads = []
-    for i in range(len(names)):  # one at a time, so the batch keeps this order
-        threads.append(threading.Thread(target=send, args=(i,)))
-        threads[-1].start()
-        wait_for(lambda: len(job_store._queue.waiting) == i + 1, what=f"submission {i} to queue")
-    with job_store._queue.ready:
-        job_store._queue.waiting[0].leads = True
-        job_store._queue.ready.notify_all()
-    for thread in threads:
-        thread.join(30)
+    results = submit_in_one_batch(alice, [json.dumps(parked_config(name)) for name in names])
     assert results == {0: "stored", 1: "ConflictJobError", 2: "stored", 3: "stored", 4: "NoEnoughQuotaError"}
     assert Job.objects.filter(owner=alice, state=State.WAITING).count() == 3
 

@@ -12,8 +12,8 @@ PY="$VENV/bin/python"
 # var/ holds the database, secrets, logs and users' files: ours alone (0700),
 # and what is made in it here too.
 mkdir -p "$VAR" && chmod 700 "$VAR"
-mkdir -p -m 700 "$RUN" "$LOGDIR"
-chmod 700 "$RUN" "$LOGDIR"
+mkdir -p -m 700 "$VAR/run" "$RUN" "$LOGDIR"
+chmod 700 "$VAR/run" "$RUN" "$LOGDIR"
 find "$LOGDIR" -maxdepth 1 -type f -name '*.log' -exec chmod 600 {} + 2>/dev/null || true
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }

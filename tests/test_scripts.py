@@ -13,8 +13,11 @@ from tests.cluster import ROOT
 
 
 def _bash(var, script: str, **env: str) -> subprocess.CompletedProcess:
+    """scripts/lib.sh as scripts/run sources it, or as scripts/test does with
+    PORTAL_RUN_SET=test (this test itself may run under scripts/test)."""
+    clean = {key: value for key, value in os.environ.items() if key != "PORTAL_RUN_SET"}
     return subprocess.run(["bash", "-c", f'source scripts/lib.sh; {script}'], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PORTAL_VAR_DIR": str(var), **env})
+                          text=True, timeout=60, env={**clean, "PORTAL_VAR_DIR": str(var), **env})
 
 
 def test_it_keeps_the_tests_records_apart_from_the_portals(tmp_path):

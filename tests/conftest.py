@@ -163,5 +163,15 @@ def bob(make_user):
 
 
 @pytest.fixture
+def alice_client(alice):
+    """Django's test client, signed in as alice."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
 def admin_user(make_user):
     return make_user("admin", admin=True)

@@ -109,13 +109,6 @@ def refusal(socket) -> tuple[str, int]:
 
 # ------------------------------------------------- the profile's SSH keys
 
-@pytest.fixture
-def alice_client(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
 def test_it_adds_lists_and_deletes_the_users_ssh_keys(alice_client, alice, bob):
     _private, public = keys.new_key_pair("alice@laptop")
     response = alice_client.post("/profile/ssh-keys/add/", {"title": "", "public_key": public + "\n"}, follow=True)

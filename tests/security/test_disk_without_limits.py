@@ -36,13 +36,6 @@ def _upload(client: Client, folder: str, name: str, size: int):
                        HTTP_ACCEPT="application/json")
 
 
-@pytest.fixture
-def alice_client(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
 # ------------------------------------------------------------ the quota
 
 def test_it_refuses_an_upload_past_the_quota_naming_it_and_what_is_used(alice, alice_client, settings):

@@ -13,6 +13,14 @@ multipart body, as a browser sends it) and downloads it from
 same user; the two take turns. Prints each round, the medians and
 `hdfs_upload_ratio=` / `hdfs_download_ratio=` (portal time / direct time;
 target: at most 1.3 each).
+
+Wall times on a busy 2-core machine swing by 2x from one transfer to the
+next, so each round also counts CPU seconds (from /proc): the portal's
+gunicorn workers, the minicluster's JVM and this process, against the JVM
+and this process for the direct transfer. Their ratios
+(`hdfs_upload_cpu_ratio`, `hdfs_download_cpu_ratio`) say what the portal's
+relay costs whatever else the machine is doing. The load average is printed
+before and after.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ class Hdfs:
     def run(self, command: str) -> None:
         subprocess.run([str(ROOT / "scripts" / "hdfs-minicluster"), command], env=self.env, check=True,
                        stdout=subprocess.DEVNULL)
+
+    def pid(self) -> int:
+        return int((self.var / "run" / "hdfs-minicluster.pid").read_text())
 
     def settings(self) -> dict[str, str]:
         return {"STORAGE_BACKEND": "webhdfs", "WEBHDFS_URL": f"http://127.0.0.1:{self.http_port}", "WEBHDFS_USER": "pai",
@@ -122,6 +133,24 @@ def portal_download(session: requests.Session, base_url: str, name: str, size: i
     return elapsed
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def workers_cpu(master: int) -> float:
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return sum(cpu_seconds(int(child)) for child in children)
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def direct_upload(client, path: Path) -> float:
     started = time.perf_counter()
     with open(path, "rb") as stream:
@@ -141,7 +170,8 @@ def direct_download(client, name: str, size: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first (the JVM compiles its hot paths)")
     options = parser.parse_args()
 
     from hdfs import InsecureClient
@@ -165,21 +195,44 @@ def main() -> None:
         session_direct = requests.Session()
         session_direct.params = {"doas": USER}
         direct = InsecureClient(hdfs.settings()["WEBHDFS_URL"], user="pai", session=session_direct)
-        results: dict[str, list[float]] = {"portal_upload": [], "direct_upload": [], "portal_download": [], "direct_download": []}
+        master, jvm = stack.processes["gunicorn"].pid, hdfs.pid()
+
+        def measured(transfer, *, portal: bool) -> tuple[float, float]:
+            """(seconds, CPU seconds of everything taking part)."""
+            def cpu() -> float:
+                mine = sum(os.times()[:2])
+                return mine + cpu_seconds(jvm) + (workers_cpu(master) if portal else 0.0)
+            before = cpu()
+            elapsed = transfer()
+            return elapsed, cpu() - before
+
+        steps = {
+            "portal_upload": (lambda: portal_upload(session, stack.base_url, data), True),
+            "direct_upload": (lambda: direct_upload(direct, data), False),
+            "portal_download": (lambda: portal_download(session, stack.base_url, data.name, size), True),
+            "direct_download": (lambda: direct_download(direct, data.name, size), False),
+        }
+        times: dict[str, list[float]] = {key: [] for key in steps}
+        cpus: dict[str, list[float]] = {key: [] for key in steps}
+        for _ in range(options.warmup):
+            for transfer, _portal in steps.values():
+                transfer()
+        print(f"load average before: {load()}", flush=True)
         for number in range(1, options.rounds + 1):
-            round_times = {
-                "portal_upload": portal_upload(session, stack.base_url, data),
-                "direct_upload": direct_upload(direct, data),
-                "portal_download": portal_download(session, stack.base_url, data.name, size),
-                "direct_download": direct_download(direct, data.name, size),
-            }
-            for key, value in round_times.items():
-                results[key].append(value)
-            print(f"round {number}: " + "  ".join(f"{key}={value:.2f}s" for key, value in round_times.items()), flush=True)
-        medians = {key: statistics.median(values) for key, values in results.items()}
+            for key, (transfer, portal) in steps.items():
+                elapsed, used = measured(transfer, portal=portal)
+                times[key].append(elapsed)
+                cpus[key].append(used)
+            print(f"round {number}: " + "  ".join(f"{key}={times[key][-1]:.2f}s (cpu {cpus[key][-1]:.2f}s)"
+                                                  for key in steps), flush=True)
+        print(f"load average after: {load()}")
+        medians = {key: statistics.median(values) for key, values in times.items()}
+        cpu_medians = {key: statistics.median(values) for key, values in cpus.items()}
         mb = size / CHUNK
         for key, value in medians.items():
-            print(f"{key}_s={value:.2f} ({mb / value:.0f} MB/s)")
+            print(f"{key}_s={value:.2f} ({mb / value:.0f} MB/s, cpu {cpu_medians[key]:.2f}s)")
+        print(f"hdfs_upload_cpu_ratio={cpu_medians['portal_upload'] / cpu_medians['direct_upload']:.2f}")
+        print(f"hdfs_download_cpu_ratio={cpu_medians['portal_download'] / cpu_medians['direct_download']:.2f}")
         print(f"hdfs_upload_ratio={medians['portal_upload'] / medians['direct_upload']:.2f}")
         print(f"hdfs_download_ratio={medians['portal_download'] / medians['direct_download']:.2f}")
     finally:

@@ -5,8 +5,8 @@
 
 Fills a scratch SQLite database of its own (var/bench/metrics_scrape/, never
 the portal's or the tests') with 100 nodes of 16 GPUs (two types), 1,000
-running jobs of one task each holding GPUs, 20,000 finished jobs and some
-log rows, and starts a Redis of its own on a unix socket there (the scrape
+running jobs of one task each holding GPUs (with ten minutes of usage
+samples each, 120,000 rows), 20,000 finished jobs and some log rows, and starts a Redis of its own on a unix socket there (the scrape
 reads queue depths and pass timings from it), stopped by PID at the end.
 Then it scrapes /metrics through Django's test client as an admin, the
 whole request included, and prints p50/p95/max, the queries one scrape ran,
@@ -75,7 +75,7 @@ def fill(tasks: int, node_count: int, finished: int) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from jobs.models import GpuAllocation, Job, JobAttempt, LogLine, Task, TaskAttempt, User, VirtualCluster
+    from jobs.models import GpuAllocation, Job, JobAttempt, LogLine, Task, TaskAttempt, TaskUsage, User, VirtualCluster
 
     call_command("migrate", verbosity=0)
     call_command("ensure_defaults", verbosity=0)
@@ -114,6 +114,13 @@ def fill(tasks: int, node_count: int, finished: int) -> None:
         GpuAllocation.objects.bulk_create([GpuAllocation(node=a.node, index=a.gpus[0], attempt=a) for a in placed])
         LogLine.objects.bulk_create([LogLine(attempt=placed[i % len(placed)], stream=1, seq=i // len(placed),
                                              text=f"step {i}") for i in range(20_000)], batch_size=5000)
+        # Ten minutes of usage samples every 5 s per task, with GPU figures:
+        # the scrape reads only the newest (jobs/services/usage.py).
+        TaskUsage.objects.bulk_create([
+            TaskUsage(attempt=a, at=now - timedelta(seconds=5 * k), cpu_percent=rng.uniform(0, 800),
+                      memory_bytes=rng.randrange(1 << 34), network_rx_bytes=k, network_tx_bytes=k,
+                      gpus=[{"index": a.gpus[0], "utilPercent": rng.uniform(0, 100), "memoryUsedBytes": 1 << 33}])
+            for k in range(120) for a in placed], batch_size=5000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
 
@@ -126,6 +133,15 @@ def measure(repeat: int) -> float:
     from jobs import queues
     from jobs.models import TaskAttempt, User
 
+    from django.db.models import F, Max
+    from django.utils import timezone
+
+    from jobs.models import TaskUsage
+
+    def refresh_samples() -> None:
+        """Move the samples so the newest are as fresh as an agent's (outside the timing)."""
+        TaskUsage.objects.update(at=F("at") + (timezone.now() - TaskUsage.objects.aggregate(at=Max("at"))["at"]))
+
     for seconds in (0.004, 0.02, 0.02, 0.08, 0.3, 1.2):  # some passes, as agents record them
         queues.record_pass_duration(seconds)
     client = Client()
@@ -134,10 +150,12 @@ def measure(repeat: int) -> float:
         assert client.get("/metrics").status_code == 200
     times = []
     for _ in range(repeat):
+        refresh_samples()
         started = time.perf_counter()
         response = client.get("/metrics")
         times.append((time.perf_counter() - started) * 1000)
         assert response.status_code == 200, response.status_code
+    refresh_samples()
     with CaptureQueriesContext(connection) as queries:
         body = client.get("/metrics").content
     running = TaskAttempt.objects.filter(state="RUNNING").count()

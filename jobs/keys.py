@@ -75,6 +75,29 @@ def open_private_key(stored: str) -> str:
                                   "has; add the old key to PORTAL_SECRET_KEY_FALLBACKS") from None
 
 
+def resealed(stored: str) -> str | None:
+    """`stored` sealed under the current secret key, or None when it already
+    is (or is empty). Plaintext rows from before sealing get sealed; rows
+    sealed under a fallback key get sealed again under the current one, so
+    that the fallback can be dropped after a rotation. Raises
+    SealedKeyUnreadable when no key opens it."""
+    if not stored:
+        return None
+    if not stored.startswith(SEALED_PREFIX):
+        return seal_private_key(stored)
+    token = stored[len(SEALED_PREFIX):].encode("ascii")
+    try:
+        _fernet(settings.SECRET_KEY).decrypt(token)
+        return None
+    except (InvalidToken, ValueError):
+        pass
+    try:
+        return SEALED_PREFIX + _sealer().rotate(token).decode("ascii")
+    except (InvalidToken, ValueError):
+        raise SealedKeyUnreadable("a stored value was sealed with a secret key this portal no longer has; "
+                                  "add the old key to PORTAL_SECRET_KEY_FALLBACKS") from None
+
+
 def seal_secrets(secrets: dict) -> str:
     """What the database stores for a job's protocol v2 secrets."""
     if not secrets:

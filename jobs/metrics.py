@@ -1,7 +1,7 @@
 """What /metrics tells Prometheus: jobs, nodes, GPUs, queues, passes.
 
 Read fresh at each scrape, in a fixed number of queries whatever the size of
-the cluster (seven to the database, one round trip to Redis), so a scrape
+the cluster (eight to the database, one round trip to Redis), so a scrape
 stays cheap with thousands of tasks (bench/metrics_scrape.py). Nothing is
 counted in this process: web workers come and go, and most of what happens
 (scheduling passes, log lines) happens in node agents, so every number comes
@@ -14,8 +14,11 @@ from the database or Redis:
   (queues.record_pass_duration), which works for agents on any machine,
   unlike prometheus_client's multiprocess mode (one folder per machine).
 
-Per-task CPU, memory and GPU use is not here: the portal keeps no usage
-samples of running tasks yet.
+Per-task CPU, memory, network, block I/O and GPU use come from the newest
+usage sample of each running task (jobs/services/usage.py, two more
+queries), labelled job, user, task and node: one series per running task
+and figure (and per GPU for GPU figures), which disappears when the task
+ends, so the label sets stay as many as the tasks running at once.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from jobs import queues
 from jobs.models import ACTIVE_TASK_STATES, GpuAllocation, Job, LogLine, Node, State, TaskAttempt, VirtualCluster
+from jobs.services import usage as usage_service
 from jobs.services.nodes import placement_cutoff
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,7 @@ class Snapshot:
     redis_up: bool = True
     passes: dict[str, float] = field(default_factory=dict)
     queue_depths: dict[str, int] = field(default_factory=dict)
+    usage: list[usage_service.LatestUsage] = field(default_factory=list)
 
 
 def snapshot() -> Snapshot:
@@ -69,6 +74,7 @@ def snapshot() -> Snapshot:
         now=timezone.now(), vcs=vcs, jobs=jobs, nodes=nodes, gpus_used=gpus_used, tasks=tasks,
         jobs_submitted=Job.objects.aggregate(n=Max("id"))["n"] or 0,
         log_lines_written=LogLine.objects.aggregate(n=Max("id"))["n"] or 0,
+        usage=usage_service.latest_of_running(),
     )
     names = [queues.scheduler_queue_name(), queues.notify_queue_name(),
              *(queues.node_queue_name(node.name) for node in nodes)]
@@ -148,6 +154,51 @@ def _redis(snap: Snapshot) -> Iterator[Metric]:
                                 buckets=buckets, sum_value=snap.passes.get("sum", 0.0))
 
 
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+# (name, type, help, value of a LatestUsage). Written here rather than
+# through prometheus_client: with a thousand running tasks that is thousands
+# of labelled samples, and formatting each task's labels once is several
+# times faster than the client's per-sample formatting (bench/metrics_scrape.py).
+_TASK_FAMILIES = (
+    ("portal_task_cpu_percent", "gauge", "CPU use of a running task (100 = one core), last sample.",
+     lambda t: t.cpu_percent),
+    ("portal_task_memory_bytes", "gauge", "Memory in use by a running task (less reclaimable page cache), last "
+     "sample.", lambda t: t.memory_bytes),
+    ("portal_task_network_receive_bytes_total", "counter", "Bytes a running task's container received since it "
+     "started.", lambda t: t.network_rx_bytes),
+    ("portal_task_network_transmit_bytes_total", "counter", "Bytes a running task's container sent since it "
+     "started.", lambda t: t.network_tx_bytes),
+    ("portal_task_gpus_idle", "gauge", "1 if the task's GPUs have stayed under IDLE_GPU_PERCENT for "
+     "IDLE_GPU_MINUTES.", lambda t: int(t.idle)),
+)
+_GPU_FAMILIES = (
+    ("portal_task_gpu_utilization_percent", "Utilisation of a real GPU a running task holds (NVML); simulated "
+     "GPUs report none.", "utilPercent"),
+    ("portal_task_gpu_memory_used_bytes", "Memory used on a real GPU a running task holds (NVML).",
+     "memoryUsedBytes"),
+)
+
+
+def _tasks_usage_text(snap: Snapshot) -> str:
+    """Per running task (labels job, user, task, node; GPU figures also gpu):
+    one series per task and figure, gone when the task ends."""
+    labels = [f'job="{_label(t.job)}",user="{_label(t.user)}",task="{_label(t.task)}",node="{_label(t.node)}"'
+              for t in snap.usage]
+    out: list[str] = []
+    for name, kind, help_text, value in _TASK_FAMILIES:
+        base = name.removesuffix("_total")
+        out += [f"# HELP {base} {help_text}", f"# TYPE {base} {kind}"]
+        out += [f"{name}{{{label}}} {floatToGoString(value(task))}" for task, label in zip(snap.usage, labels)]
+    for name, help_text, key in _GPU_FAMILIES:
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        out += [f'{name}{{{label},gpu="{gpu["index"]}"}} {floatToGoString(gpu[key])}'
+                for task, label in zip(snap.usage, labels) for gpu in task.gpus]
+    return "\n".join(out) + "\n"
+
+
 class _Collector:
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
@@ -164,4 +215,5 @@ class _Collector:
 
 def render() -> bytes:
     """The exposition, in Prometheus's text format."""
-    return generate_latest(_Collector(snapshot()))  # type: ignore[arg-type]
+    snap = snapshot()
+    return generate_latest(_Collector(snap)) + _tasks_usage_text(snap).encode()  # type: ignore[arg-type]

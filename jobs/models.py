@@ -130,6 +130,11 @@ class Node(models.Model):
         READY = "READY", "ready"
         LOST = "LOST", "lost"
 
+    class DrainMode(models.TextChoices):
+        NONE = "", "not draining"
+        STOP = "stop", "stop its tasks"
+        WAIT = "wait", "wait for its tasks"
+
     name = models.CharField(max_length=64, unique=True, validators=[node_name_validator])
     address = models.CharField(max_length=255, help_text="Where users and other tasks reach this node.")
     docker_host = models.CharField(max_length=255, help_text="Docker engine URL, e.g. unix:///var/run/docker.sock")
@@ -142,7 +147,16 @@ class Node(models.Model):
     port_start = models.PositiveIntegerField(default=20000)
     port_end = models.PositiveIntegerField(default=20999)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY, db_index=True)
-    schedulable = models.BooleanField(default=True, help_text="Untick to stop placing new tasks here.")
+    # False = cordoned (as in Kubernetes): the scheduler places no new task here.
+    schedulable = models.BooleanField(default=True, help_text="Untick to stop placing new tasks here (cordon).")
+    drain_mode = models.CharField(max_length=8, choices=DrainMode.choices, default=DrainMode.NONE, blank=True,
+                                  help_text="Set while the node is drained: its tasks are stopped or waited for.")
+    cordoned_at = models.DateTimeField(null=True, blank=True)
+    cordoned_by = models.CharField(max_length=150, blank=True)
+    # A random UUID the agent keeps inside the engine (jobs/node/launcher): unlike docker info's ID,
+    # it never collides between cloned machines, so it alone decides "same engine".
+    engine_marker = models.CharField(max_length=64, blank=True, db_index=True,
+                                     help_text="The engine's own marker; nodes sharing it share networks.")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     agent_pid = models.IntegerField(null=True, blank=True)
@@ -161,6 +175,14 @@ class Node(models.Model):
     @property
     def gpu_types(self) -> list[str]:
         return sorted({g["type"] for g in self.gpus})
+
+    @property
+    def engine_identity(self) -> str:
+        """What decides "same engine" (tasks may use the job network's
+        addresses): the engine's marker; a node registered without one (an
+        older agent) shares an engine with no other node, only with itself.
+        Never docker info's ID, which collides on cloned machines."""
+        return self.engine_marker or f"node-{self.pk}"
 
     def heartbeat_fresh(self, now=None) -> bool:
         now = now or timezone.now()
@@ -195,6 +217,8 @@ class ExitType(models.TextChoices):
     OOM = "OOM", "killed for exceeding its memory limit"
     IMAGE_PULL = "IMAGE_PULL", "image pull failed"
     NODE_LOST = "NODE_LOST", "node lost"
+    # An admin drained the node (stop mode): counts like a node loss, so the job retries elsewhere.
+    NODE_DRAINED = "NODE_DRAINED", "node drained"
     USER_STOP = "USER_STOP", "stopped by user"
     COMPLETED = "COMPLETED", "stopped because the job completed"
     PLATFORM = "PLATFORM", "platform error"
@@ -241,8 +265,14 @@ class Job(models.Model):
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="job_name_unique_per_user")]
         indexes = [
             models.Index(fields=["state", "virtual_cluster", "id"], name="job_queue_idx"),
-            models.Index(fields=["owner", "-submitted_at"], name="job_owner_recent_idx"),
-            models.Index(fields=["-submitted_at"], name="job_recent_idx"),
+            # The job list's orders (jobs/services/listing.py), ties by id, so that
+            # a deep page on PostgreSQL is an index-only scan (bench/job_list.py).
+            models.Index(fields=["owner", "-submitted_at", "id"], name="job_owner_recent_idx"),
+            models.Index(fields=["-submitted_at", "id"], name="job_recent_idx"),
+            models.Index(fields=["name", "id"], name="job_name_sort_idx"),
+            models.Index(fields=["total_gpus", "id"], name="job_gpus_sort_idx"),
+            models.Index(fields=["total_tasks", "id"], name="job_tasks_sort_idx"),
+            models.Index(fields=["attempt_number", "id"], name="job_retries_sort_idx"),
         ]
         ordering = ["-submitted_at", "-id"]
 
@@ -446,6 +476,47 @@ class PortAllocation(models.Model):
         constraints = [models.UniqueConstraint(fields=["address", "port"], name="port_allocation_unique")]
 
 
+class TaskUsage(models.Model):
+    """One usage sample of a task's container, written by its node agent
+    (jobs/node/usage.py) from the container's cgroup counters: detailed
+    samples every USAGE_SAMPLE_SECONDS for USAGE_DETAIL_HOURS, then one
+    `averaged` row per task and minute for USAGE_MINUTES_DAYS
+    (jobs/services/usage.py compacts them)."""
+
+    attempt = models.ForeignKey(TaskAttempt, on_delete=models.CASCADE, related_name="usage_samples")
+    at = models.DateTimeField()
+    averaged = models.BooleanField(default=False, help_text="A one-minute average of detailed samples.")
+    cpu_percent = models.FloatField(help_text="100 = one core busy.")
+    memory_bytes = models.BigIntegerField()
+    # Counters since the container started (the last one of a minute when averaged).
+    network_rx_bytes = models.BigIntegerField(default=0)
+    network_tx_bytes = models.BigIntegerField(default=0)
+    block_read_bytes = models.BigIntegerField(default=0)
+    block_write_bytes = models.BigIntegerField(default=0)
+    # [{"index": 0, "utilPercent": 97.0, "memoryUsedBytes": ...}] for real GPUs
+    # read through NVML; [] when there are no figures (no GPU, simulated GPUs).
+    gpus = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["attempt", "at"], name="task_usage_attempt_at_idx"),
+            # Detailed and averaged rows apart: the newest detailed samples
+            # (/metrics), the oldest ones (compaction), old averages (deletion).
+            models.Index(fields=["averaged", "at"], name="task_usage_kind_at_idx"),
+        ]
+        ordering = ["attempt", "at"]
+
+
+class IdleGpus(models.Model):
+    """A running task whose real GPUs have stayed under IDLE_GPU_PERCENT for
+    IDLE_GPU_MINUTES; deleted when they get busy again or the task ends."""
+
+    attempt = models.OneToOneField(TaskAttempt, on_delete=models.CASCADE, primary_key=True, related_name="idle_gpus")
+    since = models.DateTimeField(help_text="Utilisation has been under the threshold since.")
+    flagged_at = models.DateTimeField(default=timezone.now)
+    notified_at = models.DateTimeField(null=True, blank=True)
+
+
 class Stream(models.IntegerChoices):
     STDOUT = 1, "stdout"
     STDERR = 2, "stderr"
@@ -503,6 +574,33 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+    @property
+    def is_valid(self) -> bool:
+        return self.revoked_at is None and self.expires_at > timezone.now()
+
+
+class NodeJoinToken(models.Model):
+    """A one-command join for new node machines (scripts/join-node); only its
+    SHA-256 is stored. Usable any number of times until it expires or is revoked."""
+
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16, db_index=True)
+    label = models.CharField(max_length=100, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="node_join_tokens")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    last_used_from = models.CharField(max_length=255, blank=True)
+    uses = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}…"
 
     @property
     def is_valid(self) -> bool:

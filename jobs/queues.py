@@ -104,6 +104,27 @@ def enqueue_launch(node_name: str, attempt_id: int) -> None:
     )
 
 
+def enqueue_launches(launches: list[tuple[str, int]]) -> None:
+    """`enqueue_launch` for each (node name, attempt id), in pipelines: a
+    scheduling pass may start thousands of tasks, and one at a time costs
+    several round trips each (bench/scheduler_scale.py)."""
+    for first in range(0, len(launches), 500):
+        batch = launches[first:first + 500]
+        by_node: dict[str, list[int]] = {}
+        for node_name, attempt_id in batch:
+            by_node.setdefault(node_name, []).append(attempt_id)
+        with connection().pipeline() as pipe:
+            for _node_name, attempt_id in batch:
+                pipe.set(_launch_marker(attempt_id), "1", ex=LAUNCH_TIMEOUT)
+            for node_name, attempt_ids in by_node.items():
+                _queue(node_queue_name(node_name)).enqueue_many([
+                    Queue.prepare_data("jobs.tasks.launch_task", (attempt_id,), timeout=LAUNCH_TIMEOUT, result_ttl=0,
+                                       failure_ttl=86400)
+                    for attempt_id in attempt_ids
+                ], pipeline=pipe)
+            pipe.execute()
+
+
 def enqueue_launch_if_lost(node_name: str, attempt_id: int) -> None:
     """Re-send a launch request only if Redis no longer knows of one (it was
     flushed or restarted); a request still queued is left alone."""

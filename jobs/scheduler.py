@@ -25,8 +25,10 @@ then memory, so that large holes stay free for large jobs.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import islice
 
 from jobs.spec.language import PortSpec
 
@@ -159,11 +161,103 @@ class Decision:
 _EPSILON = 1e-9
 
 
+# A node as its index files it: free CPUs, free memory, name, place in the
+# list it came in. Sorted, these give best fit's order after free GPUs.
+_Entry = tuple[int, int, str, int]
+
+
+class _NodeIndex:
+    """The nodes filed by how many GPUs they have free, so that finding a
+    task's best-fit node looks at a few nodes instead of every one.
+
+    Best fit (`_fit_score`) orders nodes by the GPUs left free after the
+    task (of the type it takes; of every type for a task without GPUs),
+    then free CPUs, free memory, name. So the best node is in the lowest
+    "level" (free GPUs) that has any node the task fits, and within a level
+    the first node it fits in (free CPUs, free memory, name) order. Each
+    level is a sorted list per GPU type (None: every type together), kept
+    up to date as placements are taken and undone (`refile`)."""
+
+    def __init__(self, nodes: list[NodeState]) -> None:
+        self.nodes = nodes
+        self.by_id = {node.id: node for node in nodes}
+        self.top = max((len(node.gpus) for node in nodes), default=0)
+        self.types = sorted({kind for node in nodes for kind in node.gpus.values()})
+        self.levels: dict[tuple[str | None, int], list[_Entry]] = defaultdict(list)
+        self.every: list[_Entry] = []  # every node, in the same order
+        self._position = {id(node): position for position, node in enumerate(nodes)}
+        self._filed: dict[int, tuple[_Entry, list[tuple[str | None, int]]]] = {}
+        for position, node in enumerate(nodes):
+            self._file(position, node)
+
+    def _file(self, position: int, node: NodeState) -> None:
+        entry = (node.free_cpus, node.free_memory_mb, node.name, position)
+        free = node.free_gpu_types()
+        keys = [(None, sum(free.values()))] + [(kind, free.get(kind, 0)) for kind in set(node.gpus.values())]
+        for key in keys:
+            insort(self.levels[key], entry)
+        insort(self.every, entry)
+        self._filed[position] = (entry, keys)
+
+    def refile(self, node: NodeState) -> None:
+        """After `node`'s use changed."""
+        position = self._position[id(node)]
+        entry, keys = self._filed.pop(position)
+        for level in [self.levels[key] for key in keys] + [self.every]:
+            del level[bisect_left(level, entry)]
+        self._file(position, node)
+
+    def best(self, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota) -> Placement | None:
+        """The placement `place_job` would pick for this task among every
+        node: the same as the best `_fit_score` of `_try_node` over them."""
+        if quota.cpus - quota.used_cpus < role.cpus - _EPSILON or quota.memory_mb - quota.used_memory_mb < role.memory_mb - _EPSILON:
+            return None  # _try_node refuses every node
+        if not role.gpus:
+            kinds: list[str | None] = [None]
+        else:
+            kinds = [kind for kind in ([gpu_type] if gpu_type else self.types)
+                     if quota.free_gpus(kind) >= role.gpus - _EPSILON]
+        for free in range(role.gpus, self.top + 1):
+            found: tuple[_Entry, Placement] | None = None
+            for kind in kinds:
+                fit = self._first_fit(self.levels.get((kind, free)), role, index, gpu_type, quota)
+                if fit is not None and (found is None or fit[0] < found[0]):
+                    found = fit
+            if found is not None:
+                return found[1]
+        return None
+
+    def _first_fit(self, level: list[_Entry] | None, role: RoleRequest, index: int, gpu_type: str | None,
+                   quota: Quota) -> tuple[_Entry, Placement] | None:
+        if not level:
+            return None
+        for entry in islice(level, bisect_left(level, (role.cpus,)), None):
+            if entry[1] < role.memory_mb:
+                continue
+            placement = _try_node(self.nodes[entry[3]], role, index, gpu_type, quota)
+            if placement is not None:
+                return entry, placement
+        return None
+
+    def most_free(self, role: RoleRequest, gpu_type: str | None) -> NodeState:
+        """The node `max(nodes, key=(free GPUs if the role wants some, free
+        CPUs, free memory))` gives: the first of them in the nodes' order."""
+        level = self.every
+        if role.gpus:
+            for free in range(self.top, 0, -1):
+                if self.levels.get((gpu_type, free)):
+                    level = self.levels[gpu_type, free]
+                    break
+        cpus, memory = level[-1][0], level[-1][1]
+        return self.nodes[min(entry[3] for entry in level[bisect_left(level, (cpus, memory)):])]
+
+
 class _Ledger:
     """Tentative allocations for one job, undone if the gang does not fit."""
 
-    def __init__(self, quota: Quota) -> None:
+    def __init__(self, quota: Quota, index: _NodeIndex | None = None) -> None:
         self.quota = quota
+        self.index = index
         self.entries: list[tuple[NodeState, Placement]] = []
 
     def take(self, node: NodeState, placement: Placement) -> None:
@@ -177,6 +271,8 @@ class _Ledger:
         if placement.gpus:
             self.quota.used_gpus[placement.gpu_type] += len(placement.gpus)
         self.entries.append((node, placement))
+        if self.index is not None:
+            self.index.refile(node)
 
     def undo(self) -> None:
         for node, placement in reversed(self.entries):
@@ -189,6 +285,8 @@ class _Ledger:
             self.quota.used_memory_mb -= placement.memory_mb
             if placement.gpus:
                 self.quota.used_gpus[placement.gpu_type] -= len(placement.gpus)
+            if self.index is not None:
+                self.index.refile(node)
         self.entries.clear()
 
 
@@ -225,7 +323,11 @@ def _try_node(node: NodeState, role: RoleRequest, index: int, gpu_type: str | No
     if role.gpus:
         # Of the types this node offers, take the one with the fewest free
         # devices that still fits: keeps whole groups free for bigger asks.
-        candidates = [gpu_type] if gpu_type else sorted(node.free_gpu_types(), key=lambda t: (len(node.free_gpus(t)), t))
+        if gpu_type:
+            candidates = [gpu_type]
+        else:
+            counts = node.free_gpu_types()
+            candidates = sorted(counts, key=lambda t: (counts[t], t))
         for kind in candidates:
             free = node.free_gpus(kind)
             if len(free) >= role.gpus and quota.free_gpus(kind) >= role.gpus - _EPSILON:
@@ -251,18 +353,21 @@ def _hardest_first(roles: tuple[RoleRequest, ...]) -> list[RoleRequest]:
 
 def place_job(job: JobRequest, nodes: list[NodeState], quota: Quota) -> list[Placement] | None:
     """Place every task of `job` or nothing; on success the allocations stay
-    applied to `nodes` and `quota`."""
-    ledger = _Ledger(quota)
+    applied to `nodes` and `quota`. Each task goes to the node of the best
+    `_fit_score` among those `_try_node` accepts."""
+    return _place_job(job, _NodeIndex(nodes), quota)
+
+
+def _place_job(job: JobRequest, index: _NodeIndex, quota: Quota) -> list[Placement] | None:
+    ledger = _Ledger(quota, index)
     placements: list[Placement] = []
     for role in _hardest_first(job.roles):
-        for index in range(role.task_number):
-            options = [p for p in (_try_node(n, role, index, job.gpu_type, quota) for n in nodes) if p]
-            if not options:
+        for task in range(role.task_number):
+            best = index.best(role, task, job.gpu_type, quota)
+            if best is None:
                 ledger.undo()
                 return None
-            by_id = {n.id: n for n in nodes}
-            best = min(options, key=lambda p: _fit_score(by_id[p.node_id], p))
-            ledger.take(by_id[best.node_id], best)
+            ledger.take(index.by_id[best.node_id], best)
             placements.append(best)
     return placements
 
@@ -280,21 +385,25 @@ def _num(value: float) -> str:
     return str(int(value)) if abs(value - round(value)) < 1e-6 else f"{value:.1f}"
 
 
-def _best_node_words(nodes: list[NodeState], role: RoleRequest, gpu_type: str | None) -> str:
-    if not nodes:
+def _best_node_words(index: _NodeIndex, role: RoleRequest, gpu_type: str | None) -> str:
+    """The node with the most free (GPUs if the role wants some, then CPUs,
+    then memory), in words."""
+    if not index.nodes:
         return "no node is ready"
-    def free_gpu_count(node: NodeState) -> int:
-        return len(node.free_gpus(gpu_type))
-    best = max(nodes, key=lambda n: (free_gpu_count(n) if role.gpus else 0, n.free_cpus, n.free_memory_mb))
-    gpu_words = f", {free_gpu_count(best)} GPUs" + (f" of type {gpu_type}" if gpu_type else "") if role.gpus else ""
+    best = index.most_free(role, gpu_type)
+    gpu_words = f", {len(best.free_gpus(gpu_type))} GPUs" + (f" of type {gpu_type}" if gpu_type else "") if role.gpus else ""
     return f"the most free on one node is {best.free_cpus} CPUs, {best.free_memory_mb} MB memory{gpu_words} ({best.name})"
 
 
 def explain_wait(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str:
     """Why `job` does not fit now, in words, for its hardest role."""
+    return _explain_wait(job, _NodeIndex(nodes), quota)
+
+
+def _explain_wait(job: JobRequest, index: _NodeIndex, quota: Quota) -> str:
     role = _hardest_first(job.roles)[0]
     for candidate in _hardest_first(job.roles):
-        if not any(_try_node(n, candidate, 0, job.gpu_type, quota) for n in nodes):
+        if index.best(candidate, 0, job.gpu_type, quota) is None:  # no node takes even one task
             role = candidate
             break
     count = f"{role.task_number} tasks" if role.task_number != 1 else "1 task"
@@ -304,7 +413,7 @@ def explain_wait(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str:
         port_words = "; fixed ports " + ", ".join(f"{p.begin_at}-{p.begin_at + p.port_number - 1}" if p.port_number > 1 else str(p.begin_at) for p in fixed)
     return (
         f"needs {count} of role {role.name} with {role.describe(job.gpu_type)} each{port_words}; "
-        f"{_best_node_words(nodes, role, job.gpu_type)}; {_quota_words(quota, job.vc, role, job.gpu_type)}"
+        f"{_best_node_words(index, role, job.gpu_type)}; {_quota_words(quota, job.vc, role, job.gpu_type)}"
     )
 
 
@@ -361,6 +470,25 @@ def _count(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+class _Kinds:
+    """What a job asks for, as a key that is cheap to hash: (virtual
+    cluster, GPU type, a number per distinct set of task roles). Hashing the
+    roles themselves for every job of a long queue costs more than the rest
+    of its look; jobs whose requests are one object (jobs/services/
+    scheduling.py shares them among alike jobs) are hashed once. Keyed by
+    the object's id, valid while the jobs of one pass hold their roles."""
+
+    def __init__(self) -> None:
+        self._by_object: dict[int, int] = {}
+        self._by_value: dict[tuple[RoleRequest, ...], int] = {}
+
+    def __call__(self, job: JobRequest) -> tuple:
+        number = self._by_object.get(id(job.roles))
+        if number is None:
+            number = self._by_object[id(job.roles)] = self._by_value.setdefault(job.roles, len(self._by_value))
+        return (job.vc, job.gpu_type, number)
+
+
 def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Quota],
              *, max_overtakes: int, user_quotas: dict[tuple[str, int], UserQuota] | None = None) -> Decision:
     """Decide which waiting jobs start now. `jobs` must be in submission order;
@@ -370,6 +498,7 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
     """
     user_quotas = user_quotas or {}
     decision = Decision()
+    index = _NodeIndex(nodes)
     blocked: dict[str, int] = {}
     passed_over: dict[str, list[JobRequest]] = defaultdict(list)
     # Why a request does not fit, by what it asks for. Until the next
@@ -377,6 +506,10 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
     # same (a sweep of one config) gets the same answer, so a queue of
     # thousands of alike jobs costs one look per kind of request.
     no_fit: dict[tuple, tuple[str, bool]] = {}
+    # Whether a kind can never fit looks only at totals, which no placement
+    # changes: once per kind and pass.
+    hopeless: dict[tuple, str | None] = {}
+    kind_of = _Kinds()
     for job in jobs:
         quota = quotas.get(job.vc)
         if quota is None:
@@ -396,9 +529,9 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
                 f"goes first in virtual cluster '{job.vc}'"
             )
             continue
-        kind = (job.vc, job.gpu_type, job.roles)
+        kind = kind_of(job)
         if kind not in no_fit:
-            placements = place_job(job, nodes, quota)
+            placements = _place_job(job, index, quota)
             if placements is not None:
                 no_fit.clear()
                 decision.placed[job.id] = placements
@@ -409,8 +542,10 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
                     if earlier.overtaken + decision.overtaken[earlier.id] >= max_overtakes and job.vc not in blocked:
                         blocked[job.vc] = earlier.id
                 continue
-            never = never_fits(job, nodes, quota)
-            no_fit[kind] = (never, True) if never else (explain_wait(job, nodes, quota), False)
+            if kind not in hopeless:
+                hopeless[kind] = never_fits(job, nodes, quota)
+            never = hopeless[kind]
+            no_fit[kind] = (never, True) if never else (_explain_wait(job, index, quota), False)
         reason, never = no_fit[kind]
         decision.waiting[job.id] = reason
         if never:

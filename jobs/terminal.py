@@ -15,7 +15,10 @@ Input is back-pressured: every write to the shell waits until the engine
 has taken it (drain), and Channels hands this consumer its next message only
 after the last one was handled, so a client that sends faster than the
 shell reads is paused (uvicorn stops reading its socket) instead of
-buffered; portal/workers.py bounds the size of one message.
+buffered; portal/workers.py bounds the size of one message. Until the
+client blocks, the kernel's socket buffers take what it sends (a few MB;
+with permessage-deflate, a few MB of compressed frames, which may stand for
+far more input): still unread, and bounded by those buffers.
 """
 
 from __future__ import annotations

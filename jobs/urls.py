@@ -5,8 +5,9 @@ Each feature's views live in their own module under jobs/views/.
 
 from django.urls import path
 
-from jobs.views import access, account, cluster, metrics, notifications, storage, submit
+from jobs.views import access, account, cluster, dashboard, metrics, notifications, storage, submit
 from jobs.views import job_logs
+from jobs.views import nodes as node_views
 from jobs.views import tokens as token_views
 from jobs.views import jobs as job_views
 
@@ -37,6 +38,11 @@ urlpatterns = [
     # cluster
     path("virtual-clusters/", cluster.virtual_clusters, name="virtual_clusters"),
     path("nodes/", cluster.nodes, name="nodes"),
+    path("nodes/<int:node_id>/cordon/", node_views.cordon, name="node_cordon"),
+    path("nodes/<int:node_id>/drain/", node_views.drain, name="node_drain"),
+    path("nodes/<int:node_id>/uncordon/", node_views.uncordon, name="node_uncordon"),
+    path("nodes/join-tokens/new/", node_views.join_token_create, name="node_join_token_create"),
+    path("nodes/join-tokens/<int:token_id>/revoke/", node_views.join_token_revoke, name="node_join_token_revoke"),
     # storage
     path("storage/", storage.browse, name="storage"),
     path("storage/download/", storage.download, name="storage_download"),
@@ -55,4 +61,6 @@ urlpatterns = [
     path("profile/notifications/email/", notifications.email_save, name="email_notifications_save"),
     # Prometheus
     path("metrics", metrics.metrics, name="metrics"),
+    # the admin dashboard (usage over time)
+    path("dashboard/", dashboard.dashboard, name="dashboard"),
 ]

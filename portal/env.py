@@ -125,9 +125,23 @@ def private_folder(path: Path, *, name: str) -> None:
     stops the start-up, naming the variable."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()
-    if not stat.S_IMODE(info.st_mode) & 0o077:
+    mode = stat.S_IMODE(info.st_mode)
+    # 0710 with the group postgres is kept: the local PostgreSQL's user passes
+    # through to its own data folder there and can list or read nothing else
+    # (SECURITY.md, finding 12).
+    postgres = _is_postgres_group(info.st_gid)
+    if not mode & 0o077 or (postgres and mode & 0o077 == 0o010):
         return
     if info.st_uid != os.geteuid():
         raise ImproperlyConfigured(f"{name}={str(path)!r} is open to other users and not ours to close: "
                                    "expected a folder of the portal's user with mode 0700")
-    os.chmod(path, 0o700)
+    os.chmod(path, 0o710 if postgres else 0o700)
+
+
+def _is_postgres_group(gid: int) -> bool:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name == "postgres"
+    except KeyError:
+        return False

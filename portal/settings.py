@@ -109,7 +109,11 @@ TEMPLATES = [
 # when DATABASE_URL says so.
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'portal.sqlite3'}")
 try:
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("PORTAL_DB_CONN_MAX_AGE", 60, minimum=0))
+    # Health checks: a kept connection is tested before each request (or
+    # unit of work, see close_old_connections) reuses it, so a database that
+    # restarted costs a reconnect, not a failed request (tests/test_restarts.py).
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("PORTAL_DB_CONN_MAX_AGE", 60, minimum=0),
+                                conn_health_checks=True)
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r}: {exc}") from None
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -130,6 +134,18 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
     raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r}: expected a redis://, rediss:// or unix:// URL")
 RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 300}}
+# The database and Redis as node agents on other machines reach them (their
+# host names, TLS, passwords), handed to nodes that join with a join token
+# (scripts/join-node); the portal's own by default.
+PORTAL_NODE_DATABASE_URL = env_str("PORTAL_NODE_DATABASE_URL", "") or DATABASE_URL
+try:
+    dj_database_url.parse(PORTAL_NODE_DATABASE_URL)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"PORTAL_NODE_DATABASE_URL: {exc}") from None
+PORTAL_NODE_REDIS_URL = env_str("PORTAL_NODE_REDIS_URL", "") or REDIS_URL
+if not PORTAL_NODE_REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(f"PORTAL_NODE_REDIS_URL={PORTAL_NODE_REDIS_URL!r}: expected a redis://, rediss:// "
+                               "or unix:// URL")
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
@@ -204,6 +220,9 @@ PAI_DEFAULT_FS_URI = (env_str("PAI_DEFAULT_FS_URI", "") or _storage.default_fs_u
 _storage.check_settings(globals())
 STORAGE_SHARED_FOLDERS = env_list("STORAGE_SHARED_FOLDERS", ["shared"])
 CODE_DIR_MAX_MB = env_int("CODE_DIR_MAX_MB", 200, minimum=1)
+# dataDir is copied to /pai/data up to this size; a bigger one is left for the
+# task to read from $PAI_DATA_DIR itself (jobs/node/staging.py).
+DATA_DIR_MAX_MB = env_int("DATA_DIR_MAX_MB", 2048, minimum=0)
 # Per user, over /<user> and /Output/<user> (jobs/storage/quota.py); 0: no limit.
 STORAGE_QUOTA_MB = env_int("STORAGE_QUOTA_MB", 10240, minimum=0)
 STORAGE_QUOTA_FILES = env_int("STORAGE_QUOTA_FILES", 100000, minimum=0)
@@ -213,6 +232,10 @@ STORAGE_USAGE_CACHE_SECONDS = env_int("STORAGE_USAGE_CACHE_SECONDS", 300, minimu
 OUTPUT_MAX_MB_PER_TASK = env_int("OUTPUT_MAX_MB_PER_TASK", 1024, minimum=1)
 OUTPUT_MAX_FILES_PER_TASK = env_int("OUTPUT_MAX_FILES_PER_TASK", 10000, minimum=1)
 UPLOAD_OUTPUTS_DEFAULT = env_bool("UPLOAD_OUTPUTS_DEFAULT", False)
+# Storage unreachable when a task ends: its /pai/output is kept on the node and
+# the upload retried (backoff) for this long, then kept there this many hours.
+OUTPUT_UPLOAD_RETRY_SECONDS = env_int("OUTPUT_UPLOAD_RETRY_SECONDS", 600, minimum=0)
+OUTPUT_KEEP_HOURS = env_int("OUTPUT_KEEP_HOURS", 72, minimum=1)
 STAGE_DIR = Path(env_str("PAI_STAGE_DIR", str(VAR_DIR / "stage"))).resolve()
 
 NODE_HEARTBEAT_SECONDS = env_float("NODE_HEARTBEAT_SECONDS", 5.0, minimum=0.2)
@@ -243,6 +266,12 @@ except ValueError:
 if not _web_address_is_loopback:
     raise ImproperlyConfigured(f"NODE_WEB_PORT_ADDRESS={NODE_WEB_PORT_ADDRESS!r}: expected a loopback IP address "
                                "such as 127.0.0.3 (web ports are reached through the portal's proxy only)")
+# The portal's proxy reaches those ports through each node agent's forwarder
+# (jobs/node/webforward.py), on the node's address at this port; it takes a
+# connection only with a proof signed with the secret key. 0: a port the
+# kernel picks (the agent tells the portal which, through Redis); give a
+# fixed one to open it in a firewall, to the portal's machine only.
+NODE_WEB_FORWARD_PORT = env_int("NODE_WEB_FORWARD_PORT", 0, minimum=0, maximum=65535)
 # The proxy serves each task's web port at its own host name,
 # t<task attempt>-<port>.PORTAL_PROXY_DOMAIN (any *.localhost name is
 # loopback to browsers), on the port the portal was reached on unless
@@ -312,6 +341,17 @@ WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.5)
 # Waits before each retry of a failed delivery (webhook or e-mail); one try
 # plus one per entry.
 WEBHOOK_RETRY_SECONDS = env_float_list("WEBHOOK_RETRY_SECONDS", [10, 60, 300, 1800, 7200])
+# Usage of running tasks (jobs/node/usage.py): each node agent samples its
+# tasks' containers every USAGE_SAMPLE_SECONDS; samples are kept in full for
+# USAGE_DETAIL_HOURS, then as one-minute averages for USAGE_MINUTES_DAYS.
+USAGE_SAMPLE_SECONDS = env_float("USAGE_SAMPLE_SECONDS", 5.0, minimum=0.2)
+USAGE_DETAIL_HOURS = env_float("USAGE_DETAIL_HOURS", 24.0, minimum=0.1)
+USAGE_MINUTES_DAYS = env_float("USAGE_MINUTES_DAYS", 30.0, minimum=0.1)
+# A task whose real GPUs all stay under IDLE_GPU_PERCENT utilisation for
+# IDLE_GPU_MINUTES is flagged idle; "notify" also tells its owner once.
+IDLE_GPU_PERCENT = env_float("IDLE_GPU_PERCENT", 5.0, minimum=0.0)
+IDLE_GPU_MINUTES = env_float("IDLE_GPU_MINUTES", 30.0, minimum=0.1)
+IDLE_GPU_POLICY = env_choice("IDLE_GPU_POLICY", "flag", ("flag", "notify"))
 # E-mail about job state changes, for users who ask for it (Profile page, or
 # extras.jobStatusChangeNotification in a job config). No EMAIL_HOST: none.
 EMAIL_HOST = env_str("EMAIL_HOST", "").strip()

@@ -10,8 +10,11 @@ LOGDIR="$VAR/log"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 # var/ holds the database, secrets, logs and users' files: ours alone (0700),
-# and what is made in it here too.
-mkdir -p "$VAR" && chmod 700 "$VAR"
+# and what is made in it here too. With the group postgres it stays 0710: the
+# local PostgreSQL's user passes through to its data folder and can list or
+# read nothing else (SECURITY.md, finding 12).
+mkdir -p "$VAR"
+if [ "$(stat -c %G "$VAR")" = postgres ]; then chmod 710 "$VAR"; else chmod 700 "$VAR"; fi
 mkdir -p -m 700 "$VAR/run" "$RUN" "$LOGDIR"
 chmod 700 "$VAR/run" "$RUN" "$LOGDIR"
 find "$LOGDIR" -maxdepth 1 -type f -name '*.log' -exec chmod 600 {} + 2>/dev/null || true
@@ -30,12 +33,12 @@ as_root() {
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 stop_pidfile() {
-  # stop_pidfile FILE [SECONDS]: SIGTERM, wait, then SIGKILL; only that PID.
-  # Fails (and keeps FILE) when the process outlives even SIGKILL.
-  local file=$1 wait=${2:-20} pid
+  # stop_pidfile FILE [SECONDS] [SIGNAL]: SIGNAL (TERM), wait, then SIGKILL;
+  # only that PID. Fails (and keeps FILE) when the process outlives even SIGKILL.
+  local file=$1 wait=${2:-20} signal=${3:-TERM} pid
   pid_alive "$file" || { rm -f "$file"; return 0; }
   pid=$(cat "$file")
-  kill -TERM "$pid" 2>/dev/null || true
+  kill -"$signal" "$pid" 2>/dev/null || true
   for _ in $(seq $((wait * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
     kill -KILL "$pid" 2>/dev/null || true
@@ -123,6 +126,58 @@ secret() {
   cat "$file"
 }
 
+PG_BIN=/usr/lib/postgresql/15/bin
+
+postgres_packages() { install_packages postgresql; }
+
+as_postgres() {
+  # as_postgres COMMAND...: run as the postgres system user (PostgreSQL
+  # refuses root).
+  setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"
+}
+
+start_postgres() {
+  # start_postgres PORT: scripts/run's own PostgreSQL 15: data folder
+  # var/postgres (postgres's, 0700), superuser portal whose password is kept
+  # in var/postgres_password (secret), listening on 127.0.0.1:PORT and a unix
+  # socket in var/postgres/socket, recorded as "postgres" (stop_started stops
+  # it by PID); a database "portal". Sets POSTGRES_URL to its DATABASE_URL.
+  local port=$1 data="$VAR/postgres" password pwfile
+  password=$(secret postgres_password)
+  if ! pid_alive "$RUN/postgres.pid"; then
+    # The postgres user passes through var/ (0710, group postgres) to its
+    # folder and can list or read nothing else there (SECURITY.md, finding 12).
+    chgrp postgres "$VAR" && chmod 710 "$VAR"
+    mkdir -p "$data" && chown postgres:postgres "$data" && chmod 700 "$data"
+    if [ ! -f "$data/PG_VERSION" ]; then
+      say "making the PostgreSQL cluster in $data"
+      pwfile=$(mktemp) && printf '%s\n' "$password" > "$pwfile" && chown postgres "$pwfile"
+      as_postgres "$PG_BIN/initdb" -D "$data" -U portal --pwfile="$pwfile" --auth=scram-sha-256 \
+        --encoding=UTF8 --no-locale >>"$LOGDIR/postgres.log" 2>&1 || { rm -f "$pwfile"; die "initdb failed; see $LOGDIR/postgres.log"; }
+      rm -f "$pwfile"
+    fi
+    mkdir -p "$data/socket" && chown postgres:postgres "$data/socket" && chmod 700 "$data/socket"
+    say "starting PostgreSQL on 127.0.0.1:$port (log: $LOGDIR/postgres.log)"
+    # setpriv itself, not as_postgres: a backgrounded function runs in a
+    # subshell, whose PID $! would be.
+    setpriv --reuid=postgres --regid=postgres --init-groups -- "$PG_BIN/postgres" -D "$data" -h 127.0.0.1 \
+      -p "$port" -k "$data/socket" </dev/null >>"$LOGDIR/postgres.log" 2>&1 &
+    echo $! > "$RUN/postgres.pid"; echo postgres >> "$RUN/started"
+    for _ in $(seq 300); do
+      "$PG_BIN/pg_isready" -q -h "$data/socket" -p "$port" && break
+      pid_alive "$RUN/postgres.pid" || die "PostgreSQL exited; see $LOGDIR/postgres.log"
+      sleep 0.1
+    done
+    "$PG_BIN/pg_isready" -q -h "$data/socket" -p "$port" || die "PostgreSQL did not answer; see $LOGDIR/postgres.log"
+  fi
+  if ! PGPASSWORD=$password "$PG_BIN/psql" -h "$data/socket" -p "$port" -U portal -d postgres -tAc \
+      "SELECT 1 FROM pg_database WHERE datname = 'portal'" | grep -q 1; then
+    PGPASSWORD=$password "$PG_BIN/createdb" -h "$data/socket" -p "$port" -U portal portal \
+      || die "could not create the database portal"
+  fi
+  POSTGRES_URL="postgres://portal:$password@127.0.0.1:$port/portal"
+}
+
 stop_started() {
   # Stop, newest first, everything this script started. Says what it could
   # not stop, keeps those in the record, and then fails.
@@ -130,7 +185,9 @@ stop_started() {
   local name left=()
   while read -r name; do
     [ -n "$name" ] || continue
-    if ! stop_pidfile "$RUN/$name.pid" "$([ "$name" = dockerd ] && echo 30 || echo 20)"; then
+    # PostgreSQL: SIGINT is its fast shutdown (SIGTERM would wait for every client).
+    if ! stop_pidfile "$RUN/$name.pid" "$([ "$name" = dockerd ] || [ "$name" = postgres ] && echo 30 || echo 20)" \
+        "$([ "$name" = postgres ] && echo INT || echo TERM)"; then
       printf 'could not stop %s (pid %s)\n' "$name" "$(cat "$RUN/$name.pid" 2>/dev/null)" >&2
       left+=("$name")
     fi

@@ -21,6 +21,7 @@ from tests import services as test_services
 from tests.cluster import Cluster, remove_test_containers
 from tests.browser import browser, page  # noqa: F401  (fixtures)
 from tests.helpers import hashed_password
+from tests import settings as test_settings
 from tests.settings import TEST_VAR
 
 
@@ -29,6 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
         path = TEST_VAR / f"portal.sqlite3{suffix}"
         if path.exists():
             path.unlink()
+    if test_settings.TEST_DATABASE == "postgres":
+        _start_test_postgres()
     shutil.rmtree(TEST_VAR / "storage", ignore_errors=True)
     shutil.rmtree(TEST_VAR / "stage", ignore_errors=True)
     test_services.remove_stale_runs()
@@ -36,6 +39,41 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     test_services.stop_all()
+    _stop_test_postgres()
+
+
+_postgres: list = []
+
+
+def _start_test_postgres() -> None:
+    """PORTAL_TEST_DATABASE=postgres: the slot's server (tests/settings.py)
+    with a fresh database of this run's; databases of earlier runs of the
+    slot (killed before they could drop theirs) are dropped."""
+    from tests.postgres_server import PostgresServer
+
+    server = PostgresServer(test_settings.POSTGRES_DIR, port=test_settings.POSTGRES_PORT,
+                            password=test_settings.POSTGRES_PASSWORD)
+    server.start()
+    _postgres.append(server)
+    with server.connect() as connection:
+        stale = [name for (name,) in connection.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'portal\\_test\\_%'")]
+    for name in stale:
+        server.drop_database(name)
+    server.create_database(test_settings.POSTGRES_DATABASE)
+
+
+def _stop_test_postgres() -> None:
+    from django.db import connections
+
+    if not _postgres:
+        return
+    connections.close_all()
+    server = _postgres.pop()
+    try:
+        server.drop_database(test_settings.POSTGRES_DATABASE)
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -144,3 +144,23 @@ def submit_in_one_batch(user, configs: list[str]) -> dict[int, str]:
     for thread in threads:
         thread.join(30)
     return results
+
+
+def rows_only_attempt(user, name: str) -> TaskAttempt:
+    """A finished task attempt as database rows only: no container behind it,
+    and over as far as the scheduler and any node agent are concerned (the
+    log writer's tests write to it)."""
+    from django.conf import settings
+
+    from jobs.models import JobAttempt, State, Task, TaskState, VirtualCluster
+    from jobs.spec import parse_job_value
+
+    cfg = config(name, role())
+    stored = parse_job_value(cfg, user_name=user.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
+    job = Job.objects.create(owner=user, name=name, config_raw=json.dumps(cfg), config=stored,
+                             virtual_cluster=VirtualCluster.objects.get(name="default"), state=State.SUCCEEDED,
+                             total_tasks=1, total_roles=1)
+    job_attempt = JobAttempt.objects.create(job=job, number=1, state=State.SUCCEEDED)
+    task = Task.objects.create(job=job, role="main", index=0)
+    return TaskAttempt.objects.create(task=task, job_attempt=job_attempt, job=job, number=1, node_name="node-x",
+                                      state=TaskState.SUCCEEDED)

@@ -48,11 +48,28 @@ PORT_BASE = 21000 + _slot * 600
 REDIS_SOCKET = TEST_VAR / "redis.sock"
 REDIS_PASSWORD = "test-redis-password"
 
+# The database: a SQLite file of the run's own by default. With
+# PORTAL_TEST_DATABASE=postgres (scripts/test's second pass), a database of
+# the run's own on a real PostgreSQL 15 that conftest starts: one server per
+# slot (its data folder kept for the slot's next run, so initdb runs once),
+# on a port of the slot's, below the agents' ranges (tests/postgres_server.py).
+TEST_DATABASE = os.environ.get("PORTAL_TEST_DATABASE", "sqlite")
+if TEST_DATABASE not in ("sqlite", "postgres"):
+    raise RuntimeError(f"PORTAL_TEST_DATABASE={TEST_DATABASE!r}: expected sqlite or postgres")
+POSTGRES_DIR = _ROOT / "var" / "test" / f"postgres-{_slot}"
+POSTGRES_PORT = 20000 + _slot
+POSTGRES_PASSWORD = "test-postgres-password"
+POSTGRES_DATABASE = "portal_test_" + "".join(c if c.isalnum() else "_" for c in RUN_ID.lower())
+if TEST_DATABASE == "postgres":
+    _DATABASE_URL = f"postgres://portal:{POSTGRES_PASSWORD}@127.0.0.1:{POSTGRES_PORT}/{POSTGRES_DATABASE}"
+else:
+    _DATABASE_URL = f"sqlite:///{TEST_VAR / 'portal.sqlite3'}"
+
 TEST_ENV = {
     "PORTAL_SECRET_KEY": "test-only-secret-key-" + "x" * 40,
     "PORTAL_DEBUG": "0",
     "PORTAL_VAR_DIR": str(TEST_VAR),
-    "DATABASE_URL": f"sqlite:///{TEST_VAR / 'portal.sqlite3'}",
+    "DATABASE_URL": _DATABASE_URL,
     "REDIS_URL": f"unix://{REDIS_SOCKET}?db=0&password={REDIS_PASSWORD}",
     "PAI_INSTANCE": f"pai-test-{RUN_ID}",
     "PORTAL_TEST_RUN": RUN_ID,

@@ -322,6 +322,13 @@ def test_it_keeps_one_task_jobs_apart_on_the_isolated_network(alice, cluster):
     probe = f"echo hi | timeout 4 nc -w 2 {address} 5000; [ $? = 1 ] && echo unreachable || echo reached"
     client = wait_state(submit(alice, config("prober", role(command=probe, gpus=1), gpuType="ISOTEST")), State.SUCCEEDED)
     assert lines(client) == ["unreachable"]
+    # Stopped while its agent runs: a container left running by a stopped
+    # agent keeps its published ports, which later tests' agents on this
+    # port range would be refused by Docker.
+    services.job_stop(job=server, by=alice)
+    wait_state(server, State.STOPPED)
+    wait_for(lambda: not docker.from_env().containers.list(all=True, filters={"id": container_id}),
+             timeout=30, what="the listener's container to be removed")
     cluster.agent("t-node-iso").stop()
 
 

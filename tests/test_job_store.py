@@ -1,27 +1,27 @@
 """The group commit of submissions (jobs/services/job_store.py), watched
-through the database itself: every statement SQLite runs for the
-submitting threads is traced, so a test sees each transaction (BEGIN ...
-COMMIT or ROLLBACK) and the rows each INSERT carries.
+through the database itself: every statement the submitting threads run is
+traced (`traced`), so a test sees each transaction (BEGIN ... COMMIT or
+ROLLBACK) and the rows each INSERT carries. On SQLite and on PostgreSQL.
 
-To make a batch without timing luck, the test holds the database's write
-lock itself (as a write in another process would): the first submission
-leads and waits at BEGIN, the next ones queue behind it in this process,
-one at a time so their order is known, and when the test lets go the first
-is written alone and the queued ones together.
+To make a batch without timing luck, the test holds the write lock the
+submissions need itself (as a write in another process would; SQLite's
+database lock, or PostgreSQL's lock on the jobs table): the first submission
+leads and waits at its first write, the next ones queue behind it in this
+process, one at a time so their order is known, and when the test lets go
+the first is written alone and the queued ones together.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
+import re
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
-from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from jobs import services
 from jobs.models import Job, JobAttempt, Task, VirtualCluster
@@ -73,19 +73,16 @@ class Submissions:
 
     def _submit(self, who: str, name: str, vc: str) -> None:
         try:
-            connection.ensure_connection()
-            connection.connection.set_trace_callback(lambda sql: self.log.append((who, sql)))
-            try:
-                job = services.job_submit(owner=self.owner, config=_config(name, vc))
-            except services.SubmitError as exc:
-                self.results[who] = exc
-                return
-            self.log.append((who, "returned"))
-            self.seen_at_return[who] = _committed_row_exists(job.pk)
-            self.results[who] = job
+            with traced(self.log, who):
+                try:
+                    job = services.job_submit(owner=self.owner, config=_config(name, vc))
+                except services.SubmitError as exc:
+                    self.results[who] = exc
+                    return
+                self.log.append((who, "returned"))
+                self.seen_at_return[who] = _committed_row_exists(job.pk)
+                self.results[who] = job
         finally:
-            if connection.connection is not None:
-                connection.connection.set_trace_callback(None)
             connection.close()
 
     def join(self) -> None:
@@ -94,7 +91,7 @@ class Submissions:
             assert not thread.is_alive(), f"submission {thread.name} never returned"
 
     def began(self, who: str) -> bool:
-        return (who, "BEGIN IMMEDIATE") in self.log
+        return began(self.log, who)
 
     def transactions(self) -> list[Transaction]:
         """Every transaction of the submitting threads, in the order they began."""
@@ -117,20 +114,86 @@ class Submissions:
 
     def stored_in(self, name: str) -> list[Transaction]:
         """The transactions whose INSERT of jobs carries `name`."""
-        return [t for t in self.transactions() for s in t.inserts("jobs_job") if f"'{name}'" in s]
+        return [t for t in self.transactions() for s in t.inserts("jobs_job") if carries(s, name)]
+
+
+@contextmanager
+def traced(log: list[tuple[str, str]], who: str) -> Iterator[None]:
+    """Every statement this thread's connection runs goes into `log` as
+    (who, SQL with its values), BEGIN, COMMIT and ROLLBACK included. SQLite
+    reports them all itself. On PostgreSQL psycopg sends BEGIN just before
+    the first statement of a transaction, and Django ends transactions
+    through the driver, not in SQL, so those three are noted where they
+    happen."""
+    connection.ensure_connection()
+    if connection.vendor == "sqlite":
+        connection.connection.set_trace_callback(lambda sql: log.append((who, sql)))
+        try:
+            yield
+        finally:
+            if connection.connection is not None:
+                connection.connection.set_trace_callback(None)
+        return
+    database = connections[DEFAULT_DB_ALIAS]  # this thread's own
+    in_transaction = False
+
+    def execute(run, sql, params, many, context):
+        nonlocal in_transaction
+        if not database.get_autocommit() and not in_transaction:
+            in_transaction = True
+            log.append((who, "BEGIN"))
+        for one in (params if many else [params]):
+            log.append((who, database.ops.compose_sql(sql, one)))
+        return run(sql, params, many, context)
+
+    def noted(what: str, end: Callable[[], None]) -> Callable[[], None]:
+        def noting() -> None:
+            nonlocal in_transaction
+            in_transaction = False
+            log.append((who, what))
+            end()
+        return noting
+
+    database._commit = noted("COMMIT", database._commit)
+    database._rollback = noted("ROLLBACK", database._rollback)
+    try:
+        with database.execute_wrapper(execute):
+            yield
+    finally:
+        del database._commit, database._rollback
+
+
+def carries(statement: str, name: str) -> bool:
+    """Whether an INSERT carries the job name `name`: a quoted value, or an
+    element of PostgreSQL's UNNEST arrays ('{a,b}')."""
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", statement) is not None
+
+
+def began(log: list[tuple[str, str]], who: str) -> bool:
+    return any(w == who and statement.startswith("BEGIN") for w, statement in log)
 
 
 def _committed_row_exists(job_id: int) -> bool:
     """Asked on a connection of its own, which sees only committed rows."""
-    with closing(sqlite3.connect(settings.DATABASES["default"]["NAME"], timeout=30)) as other:
-        return other.execute("SELECT 1 FROM jobs_job WHERE id = ?", (job_id,)).fetchone() is not None
+    other = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM jobs_job WHERE id = %s", [job_id])
+            return cursor.fetchone() is not None
+    finally:
+        other.close()
 
 
 @contextmanager
 def write_lock_held(*, commit: bool = False) -> Iterator[None]:
-    """Hold the database's write lock (BEGIN IMMEDIATE) on this thread's
-    connection; rolled back after, unless `commit`."""
+    """Hold the write lock a submission needs on this thread's connection;
+    rolled back after, unless `commit`. SQLite: the database's own, taken at
+    BEGIN IMMEDIATE. PostgreSQL: the jobs table's, in a mode that lets reads
+    through and makes every INSERT wait."""
     with transaction.atomic():
+        if connection.vendor != "sqlite":
+            with connection.cursor() as cursor:
+                cursor.execute("LOCK TABLE jobs_job IN SHARE ROW EXCLUSIVE MODE")
         yield
         transaction.set_rollback(not commit)
 
@@ -186,7 +249,7 @@ def test_it_stores_submissions_queued_behind_a_write_in_one_transaction(alice, r
     assert batch.thread == "q0" and batch.committed  # the oldest in the queue leads the next write
     # One INSERT per table for the whole batch, every job in it.
     [jobs_insert] = batch.inserts("jobs_job")
-    assert all(f"'sweep-{i}'" in jobs_insert for i in range(6))
+    assert all(carries(jobs_insert, f"sweep-{i}") for i in range(6))
     assert len(batch.inserts("jobs_jobattempt")) == len(batch.inserts("jobs_task")) == 1
     for who, name in [("lead", "first"), *queued]:
         assert_stored_whole(alice, name, submissions.results[who])
@@ -278,17 +341,14 @@ def test_a_job_whose_data_cannot_be_written_does_not_lose_the_rest_of_its_batch(
 
     def store(name: str, retry_limit: int) -> None:
         try:
-            connection.ensure_connection()
-            connection.connection.set_trace_callback(lambda sql: log.append((name, sql)))
-            job = Job(owner=alice, name=name, virtual_cluster=default, config_raw="{}", config={},
-                      retry_limit=retry_limit)
-            job_store.store(job, roles=[("main", 1)])
+            with traced(log, name):
+                job = Job(owner=alice, name=name, virtual_cluster=default, config_raw="{}", config={},
+                          retry_limit=retry_limit)
+                job_store.store(job, roles=[("main", 1)])
             outcomes[name] = "stored"
         except Exception as exc:
             outcomes[name] = type(exc).__name__
         finally:
-            if connection.connection is not None:
-                connection.connection.set_trace_callback(None)
             connection.close()
 
     threads = []
@@ -297,12 +357,14 @@ def test_a_job_whose_data_cannot_be_written_does_not_lose_the_rest_of_its_batch(
             threads.append(threading.Thread(target=store, args=(name, retry_limit)))
             threads[-1].start()
             if count == 0:
-                wait_for(lambda: ("lead", "BEGIN IMMEDIATE") in log, interval=0.01, what="the leader to begin")
+                wait_for(lambda: began(log, "lead"), interval=0.01, what="the leader to begin")
             else:
                 wait_for(lambda: len(job_store._queue.waiting) == count, interval=0.01, what=f"{name} to queue")
     for thread in threads:
         thread.join(60)
-    assert outcomes == {"lead": "stored", "a": "stored", "too-big": "OverflowError", "b": "stored"}
+    # sqlite3 refuses the value in Python; PostgreSQL says "integer out of range".
+    too_big = "OverflowError" if connection.vendor == "sqlite" else "DataError"
+    assert outcomes == {"lead": "stored", "a": "stored", "too-big": too_big, "b": "stored"}
 
 
 def test_a_submission_inside_a_callers_transaction_commits_and_rolls_back_with_it(alice, redis_server):

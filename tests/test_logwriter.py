@@ -8,34 +8,21 @@ Real database, no engine: the writer is handed lines and notes directly.
 
 from __future__ import annotations
 
-import json
 import threading
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import Job, JobAttempt, LogCursor, LogLine, State, Stream, Task, TaskAttempt, TaskState, VirtualCluster
+from jobs.models import LogCursor, LogLine, Stream, Task, TaskAttempt, TaskState
 from jobs.node.logwriter import LogWriter
-from jobs.spec import parse_job_value
-from tests.helpers import config, role
+from tests.helpers import rows_only_attempt
 
 
 @pytest.fixture
 def attempt(alice) -> TaskAttempt:
-    """A task attempt as rows only: no container behind it, and over as far
-    as the scheduler and any node agent of the session are concerned."""
-    cfg = config("logwriter", role())
-    stored = parse_job_value(cfg, user_name=alice.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
-    job = Job.objects.create(owner=alice, name=f"logwriter{alice.pk}", config_raw=json.dumps(cfg), config=stored,
-                             virtual_cluster=VirtualCluster.objects.get(name="default"), state=State.SUCCEEDED,
-                             total_tasks=1, total_roles=1)
-    job_attempt = JobAttempt.objects.create(job=job, number=1, state=State.SUCCEEDED)
-    task = Task.objects.create(job=job, role="main", index=0)
-    return TaskAttempt.objects.create(task=task, job_attempt=job_attempt, job=job, number=1, node_name="node-x",
-                                      state=TaskState.SUCCEEDED)
+    return rows_only_attempt(alice, f"logwriter{alice.pk}")
 
 
 @pytest.fixture

@@ -204,6 +204,17 @@ def test_it_runs_the_job_storage_contract_on_hdfs(on_real_hdfs, alice, admin_use
     assert (tmp_path / "stage/pkg/mod.py").read_bytes() == b"x = 1\n"
     with pytest.raises(storage.StorageError, match="limit for a code folder"):
         storage.stage_tree(spec.code_dir, tmp_path / "stage2", max_bytes=10, reader=me)
+    # dataDir: a folder or one file is copied up to the limit; a bigger one is left alone.
+    write_tree(tmp_path / "data", {"train/a.csv": b"1,2\n", "b.csv": b"3,4,5\n"})
+    storage.upload_tree(tmp_path / "data", f"{home}/data", reader=me)
+    assert storage.stage_data(f"{fs}{home}/data", tmp_path / "d1", max_bytes=MB, reader=me) == (10, True)
+    assert (tmp_path / "d1/train/a.csv").read_bytes() == b"1,2\n"
+    assert storage.stage_data(f"{home}/data/b.csv", tmp_path / "d2", max_bytes=MB, reader=me) == (6, True)
+    assert (tmp_path / "d2/b.csv").read_bytes() == b"3,4,5\n"
+    assert storage.stage_data("data", tmp_path / "d3", max_bytes=9, user_name=alice.username, reader=me) == (10, False)
+    assert not (tmp_path / "d3").exists()
+    with pytest.raises(storage.StorageNotFound):
+        storage.stage_data(f"{home}/nodata", tmp_path / "d4", max_bytes=MB, reader=me)
     auth = storage.read_small_file(spec.auth_file, max_bytes=100, user_name=alice.username, reader=me)
     assert storage.parse_auth_file(auth)[2] == "pw-secret"
 
@@ -230,13 +241,16 @@ def test_it_serves_the_storage_page_from_hdfs_with_streamed_uploads(client, alic
     client.force_login(alice)
     home = f"/{alice.username}"
     assert f"{fs}{home}" in client.get("/storage/").content.decode()
-    big = io.BytesIO(os.urandom(3 * MB))  # past FILE_UPLOAD_MAX_MEMORY_SIZE: Django spools it to a temp file
+    big = io.BytesIO(os.urandom(3 * MB))  # past FILE_UPLOAD_MAX_MEMORY_SIZE, yet no temporary file on the portal
     big.name = "weights.bin"
     small = io.BytesIO(b"small")
     small.name = "notes.txt"
-    saved = client.post("/storage/upload/", {"path": home, "files": [big, small], "names": ["model/weights.bin", "notes.txt"]},
-                        headers={"accept": "application/json"})
+    with override_settings(FILE_UPLOAD_TEMP_DIR="/nonexistent/uploads"):  # Django's own handlers would fail here
+        saved = client.post("/storage/upload/", {"path": home, "files": [big, small],
+                                                 "names": ["model/weights.bin", "notes.txt"]},
+                            headers={"accept": "application/json"})
     assert saved.status_code == 200, saved.content
+    assert on_real_hdfs.status(f"{home}/model/weights.bin")["owner"] == alice.username
     assert on_real_hdfs.read(f"{home}/model/weights.bin") == big.getvalue()
     download = client.get("/storage/download/", {"path": f"{fs}{home}/model/weights.bin"})
     assert b"".join(download.streaming_content) == big.getvalue() and download["Content-Length"] == str(3 * MB)
@@ -249,3 +263,51 @@ def test_it_serves_the_storage_page_from_hdfs_with_streamed_uploads(client, alic
     assert on_real_hdfs.status(f"{home}/model") is None
     missing = client.get("/storage/download/", {"path": f"{home}/nope.bin"})
     assert missing.status_code == 404
+
+
+def hidden_uploads(hdfs_cluster, user) -> list[str]:
+    """What is left in the user's upload staging folder (and hidden files in their home)."""
+    left = []
+    for folder in (f"/.pai-upload-staging/{user.username}", f"/{user.username}"):
+        listing = hdfs_cluster.webhdfs("GET", folder, op="LISTSTATUS").json()["FileStatuses"]["FileStatus"]
+        left += [s["pathSuffix"] for s in listing if s["pathSuffix"].startswith(".pai-upload-") or "staging" in folder]
+    return left
+
+
+def test_it_leaves_nothing_of_a_refused_upload_on_hdfs(client, alice, bob, on_real_hdfs) -> None:
+    from django.test import Client
+
+    home = f"/{alice.username}"
+    client.force_login(alice)
+    first = io.BytesIO(b"v1")
+    first.name = "model.txt"
+    assert client.post("/storage/upload/", {"path": home, "files": [first]}).status_code == 302
+    for folder, expected in ((home, 409), (f"/{bob.username}", 403)):  # a conflict; another user's home
+        again = io.BytesIO(os.urandom(2 * MB))
+        again.name = "model.txt"
+        refused = client.post("/storage/upload/", {"path": folder, "files": [again]}, headers={"accept": "application/json"})
+        assert refused.status_code == expected, refused.content
+    with override_settings(STORAGE_QUOTA_MB=1):
+        big = io.BytesIO(os.urandom(2 * MB))
+        big.name = "big.bin"
+        refused = client.post("/storage/upload/", {"path": home, "files": [big]}, headers={"accept": "application/json"})
+        assert refused.status_code == 413, refused.content
+    strict = Client(enforce_csrf_checks=True)  # a form posted from another site: no CSRF token
+    strict.force_login(alice)
+    forged = io.BytesIO(b"forged")
+    forged.name = "forged.txt"
+    assert strict.post("/storage/upload/", {"path": home, "files": [forged]}).status_code == 403
+    assert on_real_hdfs.read(f"{home}/model.txt") == b"v1"
+    assert on_real_hdfs.status(f"{home}/forged.txt") is None and on_real_hdfs.status(f"{home}/big.bin") is None
+    assert hidden_uploads(on_real_hdfs, alice) == []
+    assert [e["pathSuffix"] for e in on_real_hdfs.webhdfs("GET", home, op="LISTSTATUS").json()["FileStatuses"]["FileStatus"]] \
+        == ["model.txt"]
+    # Replacing goes through HDFS's atomic rename with OVERWRITE.
+    newer = io.BytesIO(b"v2")
+    newer.name = "model.txt"
+    assert client.post("/storage/upload/", {"path": home, "files": [newer], "overwrite": "1"}).status_code == 302
+    assert on_real_hdfs.read(f"{home}/model.txt") == b"v2" and hidden_uploads(on_real_hdfs, alice) == []
+    # The staging folder is the user's own, closed to others, and not listed.
+    staging = on_real_hdfs.status(f"/.pai-upload-staging/{alice.username}")
+    assert (staging["owner"], staging["permission"]) == (alice.username, "700")
+    assert ".pai-upload-staging" not in client.get("/storage/", {"path": "/"}).content.decode()

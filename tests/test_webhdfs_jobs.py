@@ -1,13 +1,17 @@
-"""Jobs on HDFS end to end: a node agent and gunicorn of their own, both with
+"""Jobs on HDFS end to end: node agents and gunicorn of their own, all with
 STORAGE_BACKEND=webhdfs on the session's minicluster (tests/hdfs_cluster.py),
-real containers. A job's codeDir is fetched from HDFS as its owner, the
-task's /pai/output lands in outputDir on HDFS, owned by them, and downloads
-from the job's folder on the storage page; submitted through the service
-layer with hdfs:// URIs and through the REST API with $PAI_DEFAULT_FS_URI.
+real containers. A job's codeDir and dataDir are fetched from HDFS as its
+owner (to /pai/code and /pai/data), the task's /pai/output lands in
+outputDir on HDFS, owned by them, and downloads from the job's folder on
+the storage page; submitted through the service layer with hdfs:// URIs and
+through the REST API with $PAI_DEFAULT_FS_URI. With the namenode stopped:
+submission is refused, staging fails, and an output upload waits for HDFS
+to come back (or, past its retry time, is kept on the node), each saying
+that HDFS did not answer.
 
 Containers here cannot reach the namenode (it listens on 127.0.0.1 only,
-and job networks are isolated), so a task reads the input that came with
-its codeDir; dataDir reaches it as PAI_DATA_DIR, a full hdfs:// URI.
+and job networks are isolated): a task reads its data from /pai/data;
+dataDir still reaches it as PAI_DATA_DIR, a full hdfs:// URI.
 """
 
 from __future__ import annotations
@@ -31,22 +35,27 @@ from tests.test_api import login as api_login
 
 pytestmark = pytest.mark.services
 
-GPU_TYPE = "HDFSNODE"  # only this module's agent has it: its jobs land there and nowhere else
+GPU_TYPE = "HDFSNODE"  # only this module's agents have these: its jobs land there and nowhere else
+GIVE_UP_GPU_TYPE = "HDFSGIVEUP"  # the agent that retries an output upload for 8 s only
+GIVE_UP_SECONDS = 8
 
-RUN_SH = """echo "words in the input: $(cat input/words.txt | wc -w)"
+RUN_SH = """echo "words in the data: $(cat /pai/data/words.txt | wc -w)"
 echo "data is $PAI_DATA_DIR"
-wc -w < input/words.txt > /pai/output/count.txt
+wc -w < /pai/data/words.txt > /pai/output/count.txt
 echo "output goes to $PAI_OUTPUT_DIR" > /pai/output/where.txt
 """
 
 
 @pytest.fixture(scope="module")
 def hdfs_portal(hdfs_cluster, redis_server, docker_engine, static_files) -> Iterator[Cluster]:
-    """One node agent and gunicorn, both on HDFS."""
+    """Two node agents and gunicorn, all on HDFS. The first retries an output
+    upload for the default ten minutes, the second gives up after a few seconds."""
     running = Cluster()
     env = hdfs_cluster.portal_settings()
     try:
         running.start_agent("t-node-hdfs", ports=running.port_range(2), gpus=1, gpu_type=GPU_TYPE, env=env)
+        running.start_agent("t-node-hdfs-giveup", ports=running.port_range(3), gpus=1, gpu_type=GIVE_UP_GPU_TYPE,
+                            env={**env, "OUTPUT_UPLOAD_RETRY_SECONDS": str(GIVE_UP_SECONDS)})
         running.start_portal(name="gunicorn-hdfs", env=env)
         yield running
     finally:
@@ -61,16 +70,20 @@ def on_real_hdfs(hdfs_cluster):
 
 
 def upload_project(tmp_path: Path, user) -> None:
-    project = tmp_path / "proj"
-    (project / "input").mkdir(parents=True)
+    """/<user>/proj (the code) and /<user>/data (the data), as the user."""
+    project, data = tmp_path / "proj", tmp_path / "data"
+    project.mkdir(exist_ok=True)
+    data.mkdir(exist_ok=True)
     (project / "run.sh").write_text(RUN_SH)
-    (project / "input" / "words.txt").write_text("one two three four five\n")
+    (data / "words.txt").write_text("one two three four five\n")
     owner = storage.reader_for(user_name=user.username, is_admin=False)
     storage.upload_tree(project, f"/{user.username}/proj", reader=owner)
+    storage.upload_tree(data, f"/{user.username}/data", reader=owner)
 
 
-def job_config(name: str, **folders: str) -> dict:
-    return config(name, role(command="sh run.sh", gpus=1), gpuType=GPU_TYPE, **folders)
+def job_config(name: str, *, gpu_type: str = GPU_TYPE, **folders: str) -> dict:
+    folders.setdefault("dataDir", "data")
+    return config(name, role(command="sh run.sh", gpus=1), gpuType=gpu_type, **folders)
 
 
 def test_it_runs_a_job_whose_folders_are_on_hdfs_and_serves_its_output(
@@ -81,7 +94,7 @@ def test_it_runs_a_job_whose_folders_are_on_hdfs_and_serves_its_output(
                      outputDir=f"{fs}/Output/{alice.username}/onhdfs")
     job = wait_state(services.job_submit(owner=alice, config=json.dumps(cfg), upload_outputs=True),
                      State.SUCCEEDED, timeout=120)
-    assert lines(job) == ["words in the input: 5", f"data is {fs}{home}/data"]
+    assert lines(job) == ["words in the data: 5", f"data is {fs}{home}/data"]
 
     output = f"/Output/{alice.username}/onhdfs"
     assert hdfs_cluster.read(f"{output}/count.txt", user=alice.username).strip() == b"5"
@@ -117,14 +130,27 @@ def test_it_runs_a_job_submitted_through_the_rest_api_with_the_default_fs_uri(
 
 # ------------------------------------------------- when the namenode is down
 
-def test_it_says_hdfs_did_not_answer_keeps_what_is_stored_and_works_again_when_it_is_back(
-        hdfs_portal, hdfs_cluster, alice, tmp_path: Path) -> None:
+def running_attempt(job) -> bool:
+    return TaskAttempt.objects.filter(job=job, state=TaskState.RUNNING).exists()
+
+
+def test_it_refuses_a_submission_while_hdfs_is_down_saying_so(hdfs_portal, hdfs_cluster, alice, tmp_path: Path) -> None:
     upload_project(tmp_path, alice)
     fs, home = hdfs_cluster.fs_uri, f"/{alice.username}"
     api = api_login(hdfs_portal.base_url, alice)
+    web = login(hdfs_portal.base_url, alice)
+    web.get(f"{hdfs_portal.base_url}/storage/", timeout=30)  # a CSRF cookie
     hdfs_cluster.stop()
     try:
-        # At submission: refused, saying HDFS did not answer, in the service and the API.
+        # The storage page and an upload say so too (503), and store nothing.
+        said = f"HDFS at {hdfs_cluster.url} did not answer (ConnectionError)"
+        page = web.get(f"{hdfs_portal.base_url}/storage/", timeout=30)
+        assert page.status_code == 503 and said in page.text
+        upload = web.post(f"{hdfs_portal.base_url}/storage/upload/", files=[("files", ("late.txt", b"late"))],
+                          data={"path": home}, timeout=30,
+                          headers={"Accept": "application/json", "X-CSRFToken": web.cookies["csrftoken"],
+                                   "Referer": f"{hdfs_portal.base_url}/storage/"})
+        assert upload.status_code == 503 and upload.json()["error"] == said
         with pytest.raises(SpecError) as error:
             services.job_submit(owner=alice, config=json.dumps(job_config("down", codeDir=f"{fs}{home}/proj")))
         problems = {p.path: p.message for p in error.value.problems}
@@ -134,24 +160,60 @@ def test_it_says_hdfs_did_not_answer_keeps_what_is_stored_and_works_again_when_i
         assert "did not answer" in refused["message"]
     finally:
         hdfs_cluster.start()
+    # Back: the same submission goes through, with no restart of anything.
+    expect(api.post(f"/user/{alice.username}/jobs", job_config("down", codeDir="proj")), 202)
+    assert hdfs_cluster.status(f"{home}/late.txt") is None
 
-    # The node's one GPU of this type goes to `running` first; `queued` waits
-    # for it, so HDFS stops after `running` fetched its code and before
-    # `queued` can: `running` loses its output upload, `queued` its staging.
-    slow = job_config("running", codeDir=f"{fs}{home}/proj")
-    slow["taskRoles"][0]["command"] = "sleep 4; sh run.sh"
-    running = services.job_submit(owner=alice, config=json.dumps(slow), upload_outputs=True)
-    queued = services.job_submit(owner=alice, config=json.dumps(job_config("queued", codeDir="proj")),
-                                 upload_outputs=True)
-    wait_for(lambda: TaskAttempt.objects.filter(job=running, state=TaskState.RUNNING).exists(), timeout=90,
-             what="the first job's container to run")
+
+def test_it_waits_for_hdfs_to_upload_an_output_and_then_uploads_it(
+        hdfs_portal, hdfs_cluster, alice, tmp_path: Path) -> None:
+    upload_project(tmp_path, alice)
+    cfg = job_config("waitsforhdfs", codeDir="proj")
+    cfg["taskRoles"][0]["command"] = "sleep 3; sh run.sh"
+    job = services.job_submit(owner=alice, config=json.dumps(cfg), upload_outputs=True)
+    wait_for(lambda: running_attempt(job), timeout=90, what="the job's container to run")
     hdfs_cluster.stop()
     try:
-        running = wait_state(running, State.SUCCEEDED, timeout=60)  # the command's own result stands
+        output = f"{hdfs_cluster.fs_uri}/Output/{alice.username}/waitsforhdfs"
+        said = (f"could not upload /pai/output to {output}: HDFS at {hdfs_cluster.url} did not answer "
+                "(ConnectionError); /pai/output is kept, trying again in 2 s")
+        wait_for(lambda: any(n.endswith(said) for n in lines(job, Stream.PLATFORM)), timeout=60,
+                 what="the task's platform log to say the upload waits for HDFS")
+        job.refresh_from_db()
+        assert job.state == State.RUNNING  # the task is not over until its output is stored
+    finally:
+        hdfs_cluster.start()
+    job = wait_state(job, State.SUCCEEDED, timeout=180)
+    assert hdfs_cluster.read(f"/Output/{alice.username}/waitsforhdfs/count.txt").strip() == b"5"
+    assert any(re.search(rf"uploaded /pai/output \(\d+ bytes\) to {re.escape(output)}$", n)
+               for n in lines(job, Stream.PLATFORM))
+
+
+def test_it_says_hdfs_did_not_answer_keeps_what_is_stored_and_works_again_when_it_is_back(
+        hdfs_portal, hdfs_cluster, alice, tmp_path: Path) -> None:
+    upload_project(tmp_path, alice)
+    fs, home = hdfs_cluster.fs_uri, f"/{alice.username}"
+    # The give-up node's one GPU goes to `running` first; `queued` waits for
+    # it, so HDFS stops after `running` fetched its code and data and before
+    # `queued` can: `running` cannot upload its output (kept on the node
+    # after a few seconds of retries), `queued` cannot stage.
+    slow = job_config("running", gpu_type=GIVE_UP_GPU_TYPE, codeDir=f"{fs}{home}/proj")
+    slow["taskRoles"][0]["command"] = "sleep 3; sh run.sh"
+    running = services.job_submit(owner=alice, config=json.dumps(slow), upload_outputs=True)
+    queued = services.job_submit(owner=alice, config=json.dumps(
+        job_config("queued", gpu_type=GIVE_UP_GPU_TYPE, codeDir="proj")), upload_outputs=True)
+    wait_for(lambda: running_attempt(running), timeout=90, what="the first job's container to run")
+    hdfs_cluster.stop()
+    try:
+        running = wait_state(running, State.SUCCEEDED, timeout=120)  # the command's own result stands
         notes = lines(running, Stream.PLATFORM)
-        said = f"could not upload /pai/output to {fs}/Output/{alice.username}/running: HDFS at {hdfs_cluster.url} " \
-               "did not answer (ConnectionError)"
-        assert any(note.endswith(said) for note in notes), notes
+        said = (f"could not upload /pai/output to {fs}/Output/{alice.username}/running: HDFS at {hdfs_cluster.url} "
+                f"did not answer (ConnectionError); tried ")
+        kept_note = next((n for n in notes if said in n), None)
+        assert kept_note is not None, notes
+        assert f"over {GIVE_UP_SECONDS} s (OUTPUT_UPLOAD_RETRY_SECONDS). It is kept on this task's node in " in kept_note
+        kept = Path(re.search(r"node in (\S+) until", kept_note).group(1))
+        assert (kept / "count.txt").read_text().strip() == "5"  # the output is not lost
         queued = wait_state(queued, State.FAILED, timeout=60)
         assert queued.exit_reason.endswith(f"could not fetch codeDir {fs}{home}/proj: HDFS at {hdfs_cluster.url} "
                                            "did not answer (ConnectionError)"), queued.exit_reason
@@ -159,8 +221,9 @@ def test_it_says_hdfs_did_not_answer_keeps_what_is_stored_and_works_again_when_i
         hdfs_cluster.start()
 
     # Back: what was stored is there, and new jobs run with no restart of the agent or gunicorn.
-    assert hdfs_cluster.read(f"{home}/proj/input/words.txt", user=alice.username) == b"one two three four five\n"
-    again = wait_state(services.job_submit(owner=alice, config=json.dumps(job_config("backagain", codeDir="proj")),
-                                           upload_outputs=True), State.SUCCEEDED, timeout=120)
-    assert lines(again)[0] == "words in the input: 5"
+    assert hdfs_cluster.read(f"{home}/data/words.txt", user=alice.username) == b"one two three four five\n"
+    again = wait_state(services.job_submit(owner=alice, config=json.dumps(
+        job_config("backagain", gpu_type=GIVE_UP_GPU_TYPE, codeDir="proj")), upload_outputs=True),
+        State.SUCCEEDED, timeout=120)
+    assert lines(again)[0] == "words in the data: 5"
     assert hdfs_cluster.read(f"/Output/{alice.username}/backagain/count.txt").strip() == b"5"

@@ -227,6 +227,15 @@ def _schemas() -> dict[str, Schema]:
             "more": {"type": "boolean", "description": "more lines are stored after this page"},
             "truncated": {"type": "boolean", "description": "the stream passed the per-task size limit"},
         }, ["lines", "next", "more"]),
+        "UsageSample": obj({
+            "time": STRING, "cpuPercent": {"type": "number", "description": "100 = one core busy"},
+            "memoryBytes": INTEGER, "networkRxBytes": INTEGER, "networkTxBytes": INTEGER,
+            "blockReadBytes": INTEGER, "blockWriteBytes": INTEGER,
+            "gpus": {"type": "array", "description": "real GPUs only (NVML); empty for simulated GPUs",
+                     "items": obj({"index": INTEGER, "utilPercent": NUMBER, "memoryUsedBytes": INTEGER})},
+        }, ["time", "cpuPercent", "memoryBytes", "gpus"]),
+        "TaskUsage": obj({"attempt": nullable(INTEGER), "taskState": STRING,
+                          "samples": {"type": "array", "items": ref("UsageSample")}}, ["samples"]),
         "VirtualCluster": virtual_cluster,
         "UserChange": obj({
             "username": {"type": "string", "maxLength": 64}, "password": {"type": "string", "maxLength": 4096},
@@ -321,6 +330,15 @@ def _paths() -> dict[str, Schema]:
                 query_param("attempt", "the job attempt (default: the latest with a container)",
                             {"type": "integer", "minimum": 1}),
             ])},
+        "/user/{username}/jobs/{name}/tasks/{role}/{index}/metrics": {
+            "parameters": [*JOB_PARAMS, path_param("role", "the task role"),
+                           path_param("index", "the task's index", {"type": "integer", "minimum": 0})],
+            "get": operation("Read a task's usage samples", {
+                **answer(200, "CPU, memory, network, block I/O and GPU samples, oldest first.", ref("TaskUsage")),
+                **errors(400, 401, 404)}, tag="access", parameters=[
+                query_param("since", "only samples after this ISO-8601 time", {"type": "string"}),
+                query_param("attempt", "the job attempt (default: the latest)", {"type": "integer", "minimum": 1}),
+            ], description="The job's owner and admins only.")},
         "/virtual-clusters": {"get": operation(
             "List virtual clusters", {**answer(200, "Every virtual cluster by name.",
                                                {"type": "object", "additionalProperties": ref("VirtualCluster")}),

@@ -7,6 +7,7 @@ tests/test_api_v2.py checks that every v2 route is described.
 
 from __future__ import annotations
 
+from jobs.api import openapi_nodes
 from jobs.api.openapi import (
     INTEGER, STRING, Schema, _schemas, answer, body, errors, obj, operation, path_param, query_param, ref,
 )
@@ -119,6 +120,24 @@ def _paths() -> dict[str, Schema]:
                            path_param("index", "the task's index", {"type": "integer", "minimum": 0})],
             "get": operation("Read a task's log (v2)", {**answer(200, "As in v1.", ref("LogPage")),
                                                         **errors(400, 401, 404)}, tag="access")},
+        "/jobs/{username}~{name}/tasks/{role}/{index}/metrics": {
+            "parameters": [*JOB_PARAMS, path_param("role", "the task role"),
+                           path_param("index", "the task's index", {"type": "integer", "minimum": 0})],
+            "get": operation("Read a task's usage samples (v2)", {**answer(200, "As in v1.", ref("TaskUsage")),
+                                                                  **errors(400, 401, 404)}, tag="access")},
+        "/jobs/{username}~{name}/metrics": {"parameters": JOB_PARAMS, "get": operation(
+            "Read the usage samples of a job's tasks", {**answer(200, "Each task of the attempt with its samples.", obj({
+                "job": STRING, "state": STRING, "attempt": INTEGER, "sampleSeconds": {"type": "number"},
+                "tasks": {"type": "array", "items": obj({
+                    "taskRole": STRING, "taskIndex": INTEGER, "attempt": INTEGER, "state": STRING, "node": STRING,
+                    "gpus": {"type": "array", "items": INTEGER}, "gpusSimulated": {"type": "boolean"},
+                    "idleGpus": {"type": "boolean"}, "samples": {"type": "array", "items": ref("UsageSample")},
+                })},
+            })), **errors(400, 401, 404)}, tag="access", parameters=[
+                query_param("since", "only samples after this ISO-8601 time", STRING),
+                query_param("attempt", "the job attempt (default: the current one)", {"type": "integer", "minimum": 1}),
+            ], description="The job's owner and admins only; the job page's graphs read this.")},
+        **openapi_nodes.paths(),
     }
 
 

@@ -9,7 +9,7 @@ anything else under the prefix is a JSON 404 NoApiError.
 from django.urls import re_path
 
 from jobs.api.http import no_api_view
-from jobs.api.views import clusters, jobs, root, tasks, tokens, users, webhooks
+from jobs.api.views import clusters, jobs, root, tasks, tokens, usage, users, webhooks
 
 JOB = r"user/(?P<username>[^/]+)/jobs/(?P<name>[^/]+)"
 
@@ -31,6 +31,7 @@ urlpatterns = [
     route(JOB + "/ssh", tasks.ssh, "job_ssh"),
     route(JOB + "/ssh/key", tasks.ssh_key, "ssh_key"),
     route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/log", tasks.task_log, "task_log"),
+    route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/metrics", usage.task_metrics, "task_metrics"),
     route("virtual-clusters", clusters.virtual_clusters, "virtual_clusters"),
     route(r"virtual-clusters/(?P<vc>[^/]+)", clusters.virtual_cluster, "virtual_cluster"),
     route("user", users.user, "user"),

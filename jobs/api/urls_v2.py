@@ -10,7 +10,7 @@ from django.urls import re_path
 from jobs.api.http import no_api_view
 from jobs.api.urls import route
 from jobs.api.views import jobs as jobs_v1
-from jobs.api.views import jobs_v2, tasks
+from jobs.api.views import jobs_v2, nodes, tasks, usage
 
 JOB = r"jobs/(?P<username>[^/~]+)~(?P<name>[^/]+)"
 
@@ -26,5 +26,17 @@ urlpatterns = [
     route(JOB + "/ssh", tasks.ssh, "job_ssh"),
     route(JOB + "/ssh/key", tasks.ssh_key, "ssh_key"),
     route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/log", tasks.task_log, "task_log"),
+    route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/metrics", usage.task_metrics, "task_metrics"),
+    route(JOB + "/metrics", usage.job_metrics, "job_metrics"),
+    # nodes (admins), join tokens (admins) and the join itself (a join token);
+    # nodes/join comes first: GET /nodes/join is no node's page
+    route("nodes", nodes.nodes_list, "nodes"),
+    route("nodes/join", nodes.node_join, "node_join"),
+    route(r"nodes/(?P<name>[^/]+)", nodes.node, "node"),
+    route(r"nodes/(?P<name>[^/]+)/cordon", nodes.node_cordon, "node_cordon"),
+    route(r"nodes/(?P<name>[^/]+)/drain", nodes.node_drain, "node_drain"),
+    route(r"nodes/(?P<name>[^/]+)/uncordon", nodes.node_uncordon, "node_uncordon"),
+    route("node-join-tokens", nodes.join_token_list, "node_join_tokens"),
+    route(r"node-join-tokens/(?P<prefix>[^/]+)", nodes.join_token, "node_join_token"),
     re_path(r"^.*$", no_api_view, name="no_api"),
 ]

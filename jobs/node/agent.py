@@ -2,8 +2,8 @@
 
 It registers the node, beats, consumes the node's own RQ queue (launch and
 stop requests), the shared scheduler queue and the shared notify queue (job
-state notifications; its heartbeat moves due retries onto it), watches
-every container of the node in a thread, and reconciles the database with
+state notifications; its heartbeat moves due retries onto it), follows
+every container of the node (all their logs on one thread, follower.py), and reconciles the database with
 the Docker engine at start and periodically, using the labels on the
 containers.
 
@@ -31,11 +31,15 @@ from jobs import queues, services
 from jobs.models import ACTIVE_TASK_STATES, FINAL_TASK_STATES, Job, JobAttempt, Node, State, TaskAttempt, TaskState
 from jobs.node import launcher
 from jobs.node.context import NodeContext, Watchers
+from jobs.node.follower import LogFollower
 from jobs.node.holders import holder_is_gone, this_process
 from jobs.node.logwriter import LogWriter
 from jobs.node.runner import Runner
 from jobs.node.staging import stage_root
+from jobs.node.usage import UsageSampler
+from jobs.services import notifications
 from jobs.node.watcher import TaskWatcher
+from jobs.node.webforward import WebForwarder
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +57,27 @@ class AgentConflict(Exception):
     pass
 
 
+class _Worker(SimpleWorker):
+    """RQ's in-process worker, with Django's care of connections around each
+    job as around a web request: a database connection that went bad (the
+    server restarted) is replaced before the next job instead of failing it
+    and every job after it."""
+
+    def execute_job(self, job, queue):  # noqa: ANN001 (RQ's signature)
+        close_old_connections()
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            close_old_connections()
+
+
 class NodeAgent:
     def __init__(self, info: services.NodeInfo, engine: launcher.Engine, engine_cpus: int) -> None:
         self.info = info
         self.engine = engine
         self.engine_cpus = engine_cpus
         self.writer = LogWriter()
+        self.follower = LogFollower()
         self.watchers = Watchers(self._make_watcher)
         self.context: NodeContext  # made once the node is registered
         self.runner: Runner
@@ -67,6 +86,7 @@ class NodeAgent:
         self._worker: SimpleWorker | None = None
         self._lock_key = f"{settings.PAI_INSTANCE}:node-agent:{info.name}"
         self._token = this_process()
+        self._engine_warnings: set[str] = set()  # logged already
 
     @property
     def node(self) -> Node:
@@ -82,17 +102,26 @@ class NodeAgent:
         # nobody serves until it is declared lost: note it and stop instead.
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             signal.signal(stop_signal, self._stop_before_serving)
+        # Bound first: a port in use stops us before anything is registered.
+        self.web_forward = WebForwarder(node_name=self.info.name, address=self.info.address,
+                                        port=settings.NODE_WEB_FORWARD_PORT,
+                                        task_ports=range(self.info.port_start, self.info.port_end + 1))
         self._take_node_lock()
         self._protect_node()
         node = services.node_register(self.info)
         self.context = NodeContext(node=node, engine=self.engine, engine_cpus=self.engine_cpus, writer=self.writer,
-                                   watchers=self.watchers)
+                                   watchers=self.watchers, follower=self.follower)
         self.runner = Runner(self.context)
         _current = self
         self.writer.start()
+        self.follower.start()
+        self.web_forward.start()
         self.reconcile(fresh_start=True)
         for target, name in ((self._heartbeat_loop, "heartbeat"), (self._reconcile_loop, "reconcile")):
             threading.Thread(target=target, name=name, daemon=True).start()
+        # CPU, memory and GPU use of the node's running tasks (usage.py).
+        threading.Thread(target=UsageSampler(self.context).run, args=(self._stopping,), name="usage",
+                         daemon=True).start()
 
     def work(self) -> None:
         """Serve the node's queue until SIGTERM/SIGINT (RQ's warm shutdown)."""
@@ -100,7 +129,7 @@ class NodeAgent:
         # notifications (webhooks and e-mail, jobs/services/notifications.py).
         names = [queues.node_queue_name(self.node.name), queues.scheduler_queue_name(), queues.notify_queue_name()]
         try:
-            self._worker = SimpleWorker(names, connection=queues.connection(), name=f"{self.node.name}.{os.getpid()}")
+            self._worker = _Worker(names, connection=queues.connection(), name=f"{self.node.name}.{os.getpid()}")
             if not self._stop_asked:
                 self._worker.work(with_scheduler=False, logging_level="WARNING")
         except StopRequested:
@@ -115,6 +144,9 @@ class NodeAgent:
         """Stop our threads; containers keep running and are adopted on
         restart, but no new task is placed here while we are away."""
         self._stopping.set()
+        self.web_forward.stop()
+        self.runner.wait_for_launches(timeout=30)
+        self.follower.stop()
         self.writer.stop()
         services.node_leave(self.node.pk, os.getpid())
         queues.connection().delete(self._lock_key)
@@ -156,15 +188,27 @@ class NodeAgent:
         while not self._stopping.wait(settings.NODE_HEARTBEAT_SECONDS):
             try:
                 close_old_connections()
-                if not services.node_heartbeat(self.node.pk):
+                if not services.node_heartbeat(self.node.pk, back_ready=self._runs_no_orphan):
                     self.context.node = services.node_register(self.info)
                 redis.set(self._lock_key, self._token, ex=ttl)
                 services.nodes_mark_lost()
                 self._repair_lost_wakeup()
                 queues.enqueue_due_notifications()
+                notifications.deliveries_repair()  # deliveries a dead worker left behind
             except Exception:
                 log.exception("heartbeat failed")
                 connection.close()
+
+    def _runs_no_orphan(self) -> bool:
+        """Back from being lost (cut off, not down): whether no container of
+        a task given up meanwhile still runs here. Reconciliation stops them
+        (_adopt_containers); until then the node stays lost."""
+        containers = self.engine.containers({launcher.LABEL_INSTANCE: settings.PAI_INSTANCE,
+                                             launcher.LABEL_NODE: self.node.name})
+        running = {int(c.labels[launcher.LABEL_TASK_ATTEMPT]) for c in containers
+                   if c.running and c.labels.get(launcher.LABEL_TASK_ATTEMPT, "").isdigit()}
+        active = TaskAttempt.objects.filter(pk__in=running, state__in=ACTIVE_TASK_STATES).count()
+        return active == len(running)
 
     def _repair_lost_wakeup(self) -> None:
         """No waiting job depends on one wake-up message: when jobs wait and
@@ -178,9 +222,19 @@ class NodeAgent:
             try:
                 close_old_connections()
                 self.reconcile()
+                self._warn_engine_conflicts()
             except Exception:
                 log.exception("reconcile failed")
                 connection.close()
+
+    def _warn_engine_conflicts(self) -> None:
+        """Say once in this agent's log when another node's engine identity
+        clashes with ours (services.nodes.engine_identity_conflicts): a clone
+        that joins later is reported on both machines, not only on its own."""
+        for warning in services.nodes.engine_conflicts_of(self.node.name):
+            if warning not in self._engine_warnings:
+                self._engine_warnings.add(warning)
+                log.warning("%s", warning)
 
     # -------------------------------------------------------------- watching
 
@@ -206,9 +260,19 @@ class NodeAgent:
         attempts = {a.pk: a for a in TaskAttempt.objects.filter(pk__in=by_attempt)}
         for attempt_id, container in by_attempt.items():
             attempt = attempts.get(attempt_id)
-            if self.watchers.is_watching(attempt_id) or attempt_id == self.runner.launching:
+            orphan = attempt is None or (attempt.state in FINAL_TASK_STATES and not attempt.kept_for_debug)
+            if self.runner.is_launching(attempt_id):
                 continue
-            if attempt is None or (attempt.state in FINAL_TASK_STATES and not attempt.kept_for_debug):
+            watcher = self.watchers.get(attempt_id)
+            if watcher is not None:
+                # Still running though its task is over: given up while this
+                # node was cut off (declared lost, the job retried elsewhere).
+                # Stop it; its watcher removes it and reports an exit that
+                # changes nothing (the attempt has ended already).
+                if orphan and container.running:
+                    watcher.request_stop()
+                continue
+            if orphan:
                 self.engine.remove(container.id)  # an orphan: its task is over
                 continue
             if attempt.state in FINAL_TASK_STATES:
@@ -226,7 +290,7 @@ class NodeAgent:
         now = timezone.now()
         active = TaskAttempt.objects.filter(node_id=self.node.pk, state__in=ACTIVE_TASK_STATES).exclude(pk__in=seen)
         for attempt in active:
-            if self.watchers.is_watching(attempt.pk) or attempt.pk == self.runner.launching:
+            if self.watchers.is_watching(attempt.pk) or self.runner.is_launching(attempt.pk):
                 continue
             if attempt.state == TaskState.ASSIGNED and now - attempt.assigned_at > timedelta(seconds=2):
                 queues.enqueue_launch_if_lost(self.node.name, attempt.pk)

@@ -1,5 +1,5 @@
 """What the runner and the task watchers get from the node agent: the node,
-its engine, the log writer and the registry of watchers; never the agent
+its engine, the log writer, the log follower and the registry of watchers; never the agent
 itself, so they cannot reach into it and nothing here imports it.
 """
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from jobs.models import Node
+from jobs.node.follower import LogFollower
 from jobs.node.launcher import Engine
 from jobs.node.logwriter import LogWriter
 
@@ -70,3 +71,4 @@ class NodeContext:
     engine_cpus: int
     writer: LogWriter
     watchers: Watchers
+    follower: LogFollower  # the one thread that reads every container's logs, and its helpers

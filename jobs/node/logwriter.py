@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -81,18 +81,25 @@ class LineAssembler:
             self._count += 1
         else:
             self._ts, self._count = ts_ns, 1
-        self._partial.append(payload)
         if not payload.endswith(b"\n"):
+            self._partial.append(payload)
             return []
-        return self._complete()
+        if self._partial:
+            self._partial.append(payload)
+            payload = b"".join(self._partial)
+            self._partial.clear()
+        return self._complete(payload)
 
     def finish(self) -> list[str]:
         """The last line of a stream that ended without a newline."""
-        return self._complete() if self._partial else []
-
-    def _complete(self) -> list[str]:
-        text = _clean(b"".join(self._partial))
+        if not self._partial:
+            return []
+        payload = b"".join(self._partial)
         self._partial.clear()
+        return self._complete(payload)
+
+    def _complete(self, payload: bytes) -> list[str]:
+        text = _clean(payload)
         if text.endswith("\n"):
             text = text[:-1]
         if text.endswith("\r"):
@@ -101,6 +108,20 @@ class LineAssembler:
         if len(text) <= self._max:
             return [text]
         return [text[i : i + self._max] for i in range(0, len(text), self._max)]
+
+
+_Row = tuple[int, int, int, str]  # a LogLine's attempt_id, stream, seq, text
+
+
+def _insert_lines(rows: list[_Row]) -> None:
+    """Insert log rows with one prepared statement: a task printing as fast
+    as it can gives hundreds of thousands of lines a minute, and making a
+    model object per line (bulk_create) costs several times the insert."""
+    table = connection.ops.quote_name(LogLine._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(name) for name in ("attempt_id", "stream", "seq", "text"))
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), 5000):
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s)", rows[start:start + 5000])
 
 
 @dataclass
@@ -152,6 +173,8 @@ class LogWriter:
         self._thread.start()
 
     def stop(self) -> None:
+        if not self._thread.is_alive():
+            return  # never started, or stopped already: nothing queued will be written
         self.barrier(timeout=30)
         self._stopping.set()
         self._queue.put(None)
@@ -183,6 +206,8 @@ class LogWriter:
 
     def barrier(self, timeout: float = 30.0) -> bool:
         """Wait until every line and note handed over so far is committed."""
+        if not self._thread.is_alive():
+            return False  # nobody would ever answer
         done = threading.Event()
         self._queue.put(done)
         return done.wait(timeout)
@@ -218,16 +243,51 @@ class LogWriter:
         connection.close()
 
     def _write_with_retry(self, items: list[_Batch | _Note]) -> None:
-        for attempt in range(5):
+        """Write `items`, trying again while the database cannot be reached
+        (restarted, failed over, locked): lines given up on would be lost,
+        since the engine is asked again only from the stored cursor, at an
+        agent's start. A write the database refuses is given up after five
+        tries, as is any once the writer stops (the next agent resumes from
+        the stored cursors)."""
+        tries = 0
+        while True:
             try:
                 close_old_connections()
                 self._write(items)
                 return
-            except Exception:  # a locked or lost database: keep the lines, try again
-                log.exception("writing %d log batches failed (try %d)", len(items), attempt + 1)
+            except Exception as exc:  # a locked or lost database: keep the lines, try again
+                tries += 1
+                log.exception("writing %d log batches failed (try %d)", len(items), tries)
                 connection.close()
-                time.sleep(0.5 * (attempt + 1))
+                unreachable = isinstance(exc, (OperationalError, InterfaceError))
+                if tries >= 5 and (not unreachable or self._stopping.is_set()):
+                    return
+                time.sleep(min(5.0, 0.5 * tries))
+                if self._committed_after_all(items):
+                    return
                 items = self._of_live_attempts(items)
+
+    def _committed_after_all(self, items: list[_Batch | _Note]) -> bool:
+        """Whether a write of `items` whose commit we never heard back from
+        (the connection dropped during COMMIT) went through after all: the
+        cursor rows it writes in the same transaction are then ahead of our
+        numbering. Its lines are stored; writing them again would store
+        them twice, so our numbering is taken from those rows instead."""
+        keys = {(item.attempt_id, Stream.PLATFORM if isinstance(item, _Note) else item.stream) for item in items}
+        try:
+            stored = list(LogCursor.objects.filter(attempt_id__in={attempt for attempt, _ in keys})
+                          .values_list("attempt_id", "stream", "next_seq", "bytes_stored", "truncated",
+                                       "last_ts_ns", "count_at_ts"))
+        except Exception:
+            connection.close()
+            return False  # still away: try the write again, and ask again after it
+        with self._lock:
+            ahead = {(attempt, stream): _StreamState(next_seq, size, truncated, (ts, count))
+                     for attempt, stream, next_seq, size, truncated, ts, count in stored
+                     if (attempt, stream) in keys and (attempt, stream) in self._states
+                     and next_seq > self._states[attempt, stream].next_seq}
+            self._states.update(ahead)
+        return bool(ahead)
 
     def _of_live_attempts(self, items: list[_Batch | _Note]) -> list[_Batch | _Note]:
         """A finished job may be deleted while a last note of it is queued;
@@ -239,10 +299,13 @@ class LogWriter:
         return [i for i in items if i.attempt_id in live]
 
     def _write(self, items: list[_Batch | _Note]) -> None:
-        rows: list[LogLine] = []
+        rows: list[_Row] = []
         touched: dict[tuple[int, int], _StreamState] = {}
+        # Copies of the streams this write touches only: a node follows
+        # thousands of streams, and most write nothing in a given batch.
+        keys = {(item.attempt_id, item.stream if isinstance(item, _Batch) else Stream.PLATFORM) for item in items}
         with self._lock:
-            states = {key: _StreamState(**vars(state)) for key, state in self._states.items()}
+            states = {key: _StreamState(**vars(self._states[key])) for key in keys if key in self._states}
         now = timezone.now()
         with transaction.atomic():
             room = self._job_room({item.attempt_id for item in items if isinstance(item, _Batch)})
@@ -262,7 +325,7 @@ class LogWriter:
                 touched[key] = state
             if not touched:
                 return
-            LogLine.objects.bulk_create(rows, batch_size=1000)
+            _insert_lines(rows)
             for (attempt_id, stream), state in touched.items():
                 LogCursor.objects.filter(attempt_id=attempt_id, stream=stream).update(
                     next_seq=state.next_seq, bytes_stored=state.bytes_stored, truncated=state.truncated,
@@ -306,13 +369,13 @@ class LogWriter:
             self._states.setdefault((attempt_id, Stream.PLATFORM), state)
         return _StreamState(**vars(state))
 
-    def _add_note(self, state: _StreamState, note: _Note, rows: list[LogLine]) -> None:
+    def _add_note(self, state: _StreamState, note: _Note, rows: list[_Row]) -> None:
         # Notes are ours, few and short: the size limit per task is for the command's output.
-        rows.append(LogLine(attempt_id=note.attempt_id, stream=Stream.PLATFORM, seq=state.next_seq, text=note.text))
+        rows.append((note.attempt_id, Stream.PLATFORM, state.next_seq, note.text))
         state.next_seq += 1
         state.bytes_stored += len(note.text.encode("utf-8")) + 1
 
-    def _add_lines(self, state: _StreamState, batch: _Batch, rows: list[LogLine], job: _JobRoom | None) -> None:
+    def _add_lines(self, state: _StreamState, batch: _Batch, rows: list[_Row], job: _JobRoom | None) -> None:
         for line in batch.lines:
             size = len(line.encode("utf-8")) + 1
             marker = None
@@ -324,11 +387,11 @@ class LogWriter:
                           f"{_size(self._max_job_bytes)} over all its tasks and attempts (LOG_MAX_ROWS_PER_JOB, "
                           "LOG_MAX_BYTES_PER_JOB); later output is not stored. The task keeps running.]")
             if marker is not None:
-                rows.append(LogLine(attempt_id=batch.attempt_id, stream=batch.stream, seq=state.next_seq, text=marker))
+                rows.append((batch.attempt_id, batch.stream, state.next_seq, marker))
                 state.next_seq += 1
                 state.truncated = True
                 break
-            rows.append(LogLine(attempt_id=batch.attempt_id, stream=batch.stream, seq=state.next_seq, text=line))
+            rows.append((batch.attempt_id, batch.stream, state.next_seq, line))
             state.next_seq += 1
             state.bytes_stored += size
             if job is not None:

@@ -1,18 +1,28 @@
 """Launching and stopping one task attempt on a node: stage its code, make
 sure of its image and network, start its container, hand it to a watcher.
 
-Launching happens in the node agent's RQ worker (one at a time, so a node
-never races itself for a name or a network); everything after the start runs
-in a TaskWatcher thread (watcher.py), so no RQ job lasts longer than a launch.
+A launch request is claimed in the node agent's RQ worker and carried out
+on one of a few launch threads, so the worker takes the next request (or a
+scheduling pass) at once and the engine starts several containers at a time
+(names are the attempts' own; networks and staged folders are made safely
+by concurrent launches). Everything after the start is a TaskWatcher's
+(watcher.py), run by the node's log follower (follower.py).
 """
 
 from __future__ import annotations
 
+import calendar
 import ipaddress
+import json
 import logging
+import os
+import queue
+import threading
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import close_old_connections, connection
 
 from jobs import environment, keys, services, storage
 from jobs.models import ExitType, Job, SshKey, TaskAttempt
@@ -25,6 +35,33 @@ from jobs.spec.v2 import plugin_ssh_keys
 from jobs.spec.v2_text import resolve_secrets
 
 log = logging.getLogger(__name__)
+
+
+class LaunchTiming:
+    """Wall-clock moments of one launch, for bench/submit_to_running.py's
+    breakdown: with PAI_BENCH_TIMING_FILE set, each launch appends one JSON
+    line to that file. Without it (always, outside a bench) nothing is kept."""
+
+    FILE = os.environ.get("PAI_BENCH_TIMING_FILE", "")
+
+    def __init__(self, attempt_id: int) -> None:
+        self.marks: dict[str, float | int] = {"attempt": attempt_id, "dequeued": time.time()} if self.FILE else {}
+        if self.FILE:
+            from rq import get_current_job  # the launch request's own moments
+
+            job = get_current_job()
+            if job is not None and job.enqueued_at:  # UTC, naive or not
+                moment = job.enqueued_at
+                self.marks["enqueued"] = calendar.timegm(moment.utctimetuple()) + moment.microsecond / 1e6
+
+    def mark(self, name: str) -> None:
+        if self.marks:
+            self.marks[name] = time.time()
+
+    def write(self) -> None:
+        if self.marks:
+            with open(self.FILE, "a") as out:
+                out.write(json.dumps(self.marks) + "\n")
 
 
 def shared_network_name() -> str:
@@ -43,7 +80,7 @@ class LaunchContext:
 def _peer(attempt: TaskAttempt) -> environment.PeerTask:
     return environment.PeerTask(
         role=attempt.task.role, index=attempt.task.index, node_address=attempt.host_ip,
-        engine_id=attempt.node.engine_id if attempt.node else "", ip=attempt.ip,
+        engine_id=attempt.node.engine_identity if attempt.node else "", ip=attempt.ip,
         ports={label: list(ports) for label, ports in attempt.ports.items()}, gpus=tuple(attempt.gpus),
     )
 
@@ -130,6 +167,9 @@ def web_port_addresses(ports: dict[str, list[int]]) -> dict[int, str]:
     return {p: settings.NODE_WEB_PORT_ADDRESS for label, numbers in ports.items() if label in web for p in numbers}
 
 
+LAUNCH_THREADS = 4  # containers a node starts at once; more only queue up in the engine
+
+
 class Runner:
     """The per-node launcher; the node agent's RQ tasks call it."""
 
@@ -139,24 +179,59 @@ class Runner:
         self.writer = context.writer
         self._code = CodeStager()
         self._images = ImageGate(context.engine, PrivateImages.for_engine(context.node.engine_id))
-        self.launching: int | None = None
+        self._lock = threading.Lock()
+        self._launching: set[int] = set()  # claimed, not yet handed to a watcher
+        self._stop_asked: set[int] = set()  # of those, the ones to stop once started
+        self._launches: queue.Queue[tuple[int, LaunchTiming]] = queue.Queue()
+        self._network_locks = [threading.Lock() for _ in range(16)]
+        for number in range(LAUNCH_THREADS):
+            threading.Thread(target=self._launch_loop, name=f"launch-{number}", daemon=True).start()
 
     # ------------------------------------------------------------- launching
 
     def launch(self, attempt_id: int) -> None:
+        """Claim the launch (in the RQ worker) and hand it to a launch thread."""
+        timing = LaunchTiming(attempt_id)
         if not services.attempt_claim_launch(attempt_id):
             return
-        # While set, reconciliation leaves this attempt alone: it is ours
-        # until its watcher is registered.
-        self.launching = attempt_id
-        try:
-            self._launch_and_watch(attempt_id)
-        finally:
-            self.launching = None
+        timing.mark("claimed")
+        # Until its watcher is registered, reconciliation leaves it alone.
+        with self._lock:
+            self._launching.add(attempt_id)
+        self._launches.put((attempt_id, timing))
 
-    def _launch_and_watch(self, attempt_id: int) -> None:
+    def is_launching(self, attempt_id: int) -> bool:
+        with self._lock:
+            return attempt_id in self._launching
+
+    def wait_for_launches(self, timeout: float) -> bool:
+        """Let the launches under way finish (the agent is stopping)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._launching:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def _launch_loop(self) -> None:
+        while True:
+            attempt_id, timing = self._launches.get()
+            try:
+                close_old_connections()
+                self._launch_and_watch(attempt_id, timing)
+            except Exception:
+                log.exception("launching task attempt %s failed", attempt_id)
+                connection.close()
+            finally:
+                with self._lock:
+                    self._launching.discard(attempt_id)
+                    self._stop_asked.discard(attempt_id)
+                timing.write()
+
+    def _launch_and_watch(self, attempt_id: int, timing: LaunchTiming) -> None:
         try:
-            container_id = self._launch(attempt_id)
+            container_id = self._launch(attempt_id, timing)
         except launcher.LaunchError as exc:
             self.writer.note(attempt_id, exc.message)
             self._notes_written(attempt_id)
@@ -168,6 +243,9 @@ class Runner:
             self._notes_written(attempt_id)
             services.attempt_record_exit(attempt_id, services.ContainerExit(None, exit_type=ExitType.PLATFORM, error=message))
             return
+        timing.mark("run")
+        # The engine's own StartedAt (not "now"): a short task may have ended
+        # already, and its FinishedAt must not come before its start.
         state = self.engine.state(container_id)
         started = state.started_at if state else None
         if not services.attempt_mark_running(attempt_id, container_id=container_id, started_at=started):
@@ -175,7 +253,14 @@ class Runner:
             self.engine.remove(container_id)
             self._notes_written(attempt_id)
             return
+        timing.mark("recorded")
         self.context.watchers.watch(attempt_id, container_id)
+        with self._lock:
+            stop = attempt_id in self._stop_asked
+            self._launching.discard(attempt_id)
+        watcher = self.context.watchers.get(attempt_id)
+        if stop and watcher is not None:
+            watcher.request_stop()
 
     def _notes_written(self, attempt_id: int) -> None:
         """A launch that ends here has no watcher to finish its log: make its
@@ -184,7 +269,7 @@ class Runner:
         self.writer.barrier()
         self.writer.forget(attempt_id)
 
-    def _launch(self, attempt_id: int) -> str:
+    def _launch(self, attempt_id: int, timing: LaunchTiming) -> str:
         ctx = load_context(attempt_id)
         node = self.context.node
         # A role's own image is protocol v2's, which has no authFile.
@@ -193,6 +278,7 @@ class Runner:
         self._images.ensure(image, auth, allowed=settings.REGISTRY_ALLOWED,
                             note=lambda text: self.writer.note(attempt_id, text))
         code_dir = self._stage_code(ctx) if ctx.spec.code_dir else ""
+        data_dir = self._stage_data(ctx) if ctx.spec.data_dir else ""
         network = self._network(ctx)
         env = environment.task_environment(
             spec=ctx.spec, user_name=ctx.job.owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI,
@@ -209,8 +295,10 @@ class Runner:
             network=network, ip=ctx.attempt.ip,
             extra_hosts=environment.extra_hosts(me=ctx.me, peers=ctx.peers),
             gpu_device_ids=[] if node.gpus_simulated else [str(i) for i in ctx.attempt.gpus], code_dir=code_dir,
+            data_dir=data_dir,
             files=peer_ssh_files(ctx) if len(ctx.peers) > 1 else {},
         )
+        timing.mark("prepared")
         return self.engine.run(spec)
 
     def _registry_auth(self, spec: JobSpec, *, reader: storage.Reader) -> launcher.RegistryAuth | None:
@@ -230,12 +318,20 @@ class Runner:
             # cannot reach each other (never Docker's default bridge, where
             # every job reached every other). Costs ~30 ms per start.
             name = shared_network_name()
-            self.engine.ensure_network(name, labels=labels, isolated=True)
+            with self._network_lock(name):
+                self.engine.ensure_network(name, labels=labels, isolated=True)
             return name
         name = ctx.attempt.job_attempt.network_name
         labels[launcher.LABEL_JOB_ATTEMPT] = f"{ctx.job.pk}-{ctx.attempt.number}"
-        self.engine.ensure_network(name, labels=labels, subnet=ctx.attempt.job_attempt.subnet)
+        with self._network_lock(name):
+            self.engine.ensure_network(name, labels=labels, subnet=ctx.attempt.job_attempt.subnet)
         return name
+
+    def _network_lock(self, name: str) -> threading.Lock:
+        """One launch at a time makes a given network: the tasks of one job
+        start on several launch threads, and the engine refuses a second
+        create of a network whose first is still under way ("pool overlaps")."""
+        return self._network_locks[hash(name) % len(self._network_locks)]
 
     def _stage_code(self, ctx: LaunchContext) -> str:
         folder = stage_folder(self.context.node.name, ctx.job.pk, ctx.attempt.number)
@@ -243,6 +339,13 @@ class Runner:
         if fetched_bytes is not None:
             self.writer.note(ctx.attempt.pk, f"staged codeDir {ctx.spec.code_dir} ({fetched_bytes} bytes)")
         return code
+
+    def _stage_data(self, ctx: LaunchContext) -> str:
+        folder = stage_folder(self.context.node.name, ctx.job.pk, ctx.attempt.number)
+        data, said = self._code.stage_data(folder, ctx.spec.data_dir, reader=owner_reader(ctx.job))
+        if said:
+            self.writer.note(ctx.attempt.pk, said)
+        return data
 
     # -------------------------------------------------------------- stopping
 
@@ -256,5 +359,13 @@ class Runner:
         elif attempt.container_id:
             self.engine.signal(attempt.container_id, "SIGTERM")
             self.context.watchers.watch(attempt_id, attempt.container_id)
-        elif attempt_id != self.launching:
-            services.attempt_record_exit(attempt_id, services.ContainerExit(None))
+        else:
+            with self._lock:
+                if attempt_id in self._launching:
+                    self._stop_asked.add(attempt_id)  # stopped as soon as it has started
+                    return
+            watcher = self.context.watchers.get(attempt_id)  # its launch ended meanwhile
+            if watcher is not None:
+                watcher.request_stop()
+            else:
+                services.attempt_record_exit(attempt_id, services.ContainerExit(None))

@@ -1,20 +1,32 @@
 """Files between storage and a node: a job's codeDir fetched into a stage
-folder on the node (mounted read-only at /pai/code), and what a task left in
-/pai/output copied to the job's outputDir when its container ends.
+folder on the node (mounted read-only at /pai/code), its dataDir likewise
+(at /pai/data, up to DATA_DIR_MAX_MB), and what a task left in /pai/output
+copied to the job's outputDir when its container ends.
 
 Stage folders live under stage_root(node): one per job attempt,
 `job-<job id>-<attempt number>`; the agent removes those of attempts that
 are over when it reconciles.
+
+When storage does not answer as a task ends (the namenode is down), its
+/pai/output stays in the stopped container, which the watcher removes only
+after upload_output returns: the upload is tried again with a growing pause
+for OUTPUT_UPLOAD_RETRY_SECONDS, the task's platform log saying so. If it
+still fails, the output is copied to kept_root() on the node and kept there
+OUTPUT_KEEP_HOURS (then removed when the node next stages or uploads), and
+the platform log says where.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -42,7 +54,8 @@ def owner_reader(job: Job) -> storage.Reader:
 
 
 class CodeStager:
-    """Fetches codeDir once per job attempt and node; later tasks reuse it."""
+    """Fetches codeDir (and dataDir) once per job attempt and node; later
+    tasks reuse the copy."""
 
     def __init__(self) -> None:
         self._locks: dict[str, threading.Lock] = {}
@@ -51,27 +64,70 @@ class CodeStager:
     def stage(self, folder: Path, code_dir: str, *, reader: storage.Reader | None = None) -> tuple[str, int | None]:
         """The host folder holding `code_dir`, and its size in bytes if it
         was fetched now (None: an earlier task fetched it). Raises LaunchError."""
+        def fetch(partial: Path) -> int:
+            return storage.stage_tree(code_dir, partial, max_bytes=settings.CODE_DIR_MAX_MB * MB, reader=reader)
+        return self._once(folder / "code", fetch, what=f"codeDir {code_dir}")
+
+    def stage_data(self, folder: Path, data_dir: str, *, reader: storage.Reader | None = None) -> tuple[str, str]:
+        """(host folder to mount at /pai/data or "", a note for the task's
+        platform log or ""). A missing dataDir, or one larger than
+        DATA_DIR_MAX_MB, is not copied: the task still has $PAI_DATA_DIR
+        to read it from. Raises LaunchError when storage fails."""
+        limit = settings.DATA_DIR_MAX_MB * MB
+        if limit == 0:
+            return "", ""
+        outcome: list[str] = []
+
+        def fetch(partial: Path) -> int | None:
+            try:
+                size, copied = storage.stage_data(data_dir, partial, max_bytes=limit, reader=reader)
+            except storage.StorageNotFound:
+                outcome.append(f"dataDir {data_dir} does not exist: nothing is mounted at /pai/data")
+                return None
+            if not copied:
+                outcome.append(f"dataDir {data_dir} holds {size / MB:.0f} MB, more than DATA_DIR_MAX_MB "
+                               f"({settings.DATA_DIR_MAX_MB} MB): not copied to /pai/data; read it from $PAI_DATA_DIR")
+                return None
+            return size
+
+        path, size = self._once(folder / "data", fetch, what=f"dataDir {data_dir}")
+        if outcome:
+            return "", outcome[0]
+        if not path:
+            return "", ""  # an earlier task found nothing to copy and said so
+        return path, "" if size is None else f"copied dataDir {data_dir} ({size} bytes) to /pai/data"
+
+    def _once(self, target: Path, fetch: Callable[[Path], int | None], *, what: str) -> tuple[str, int | None]:
+        """Run `fetch` into a side folder once for `target`; ("", None) when
+        it fetched nothing (now or before)."""
+        expire_kept_outputs()
         with self._guard:
-            lock = self._locks.setdefault(str(folder), threading.Lock())
+            lock = self._locks.setdefault(str(target), threading.Lock())
         with lock:
-            code = folder / "code"
-            if (folder / ".complete").exists():
-                return str(code), None
+            done, empty = target.with_name(f".{target.name}.complete"), target.with_name(f".{target.name}.none")
+            if done.exists():
+                return str(target), None
+            if empty.exists():
+                return "", None
             # Fetched into a side folder and renamed, so a crash mid-fetch
             # never leaves a half copy that looks complete.
-            partial = folder / "code.partial"
+            partial = target.with_name(f"{target.name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
-            folder.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                size = storage.stage_tree(code_dir, partial, max_bytes=settings.CODE_DIR_MAX_MB * MB, reader=reader)
+                size = fetch(partial)
             except storage.StorageError as exc:
                 shutil.rmtree(partial, ignore_errors=True)
-                raise LaunchError(ExitType.PLATFORM, f"could not fetch codeDir {code_dir}: {exc}") from None
+                raise LaunchError(ExitType.PLATFORM, f"could not fetch {what}: {exc}") from None
+            if size is None:
+                shutil.rmtree(partial, ignore_errors=True)
+                empty.touch()
+                return "", None
             _readable_in_containers(partial)
-            shutil.rmtree(code, ignore_errors=True)
-            partial.rename(code)
-            (folder / ".complete").touch()
-            return str(code), size
+            shutil.rmtree(target, ignore_errors=True)
+            partial.rename(target)
+            done.touch()
+            return str(target), size
 
 
 def _readable_in_containers(folder: Path) -> None:
@@ -118,15 +174,62 @@ def _output_budget(target: str) -> _Budget:
     return budget
 
 
-def upload_output(engine: Engine, container_id: str, target: str, *, reader: storage.Reader | None = None) -> str | None:
+def kept_root() -> Path:
+    """Where outputs that could not be uploaded are kept on this machine
+    (beside the nodes' stage roots, which the agent cleans by job attempt)."""
+    return settings.STAGE_DIR / settings.PAI_INSTANCE / "kept-output"
+
+
+def expire_kept_outputs(*, now: float | None = None) -> None:
+    """Remove kept outputs older than OUTPUT_KEEP_HOURS."""
+    root = kept_root()
+    if not root.is_dir():
+        return
+    oldest = (now or time.time()) - settings.OUTPUT_KEEP_HOURS * 3600
+    for folder in root.iterdir():
+        try:
+            if folder.stat().st_mtime < oldest:
+                shutil.rmtree(folder, ignore_errors=True)
+        except FileNotFoundError:
+            continue  # another agent of this machine removed it
+
+
+def upload_output(engine: Engine, container_id: str, target: str, *, reader: storage.Reader | None = None,
+                  note: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> str | None:
     """Copy what the stopped task left in /pai/output to `target`, as far as
     the limits allow: whole files in the archive's order until the first one
     that would pass a limit; it and the files after it are left out (never
     half a file). Returns what happened, for the task's platform log; None
-    if there was nothing."""
+    if there was nothing.
+
+    While storage does not answer, tries again after 2, 4, 8 ... (at most
+    60) seconds for OUTPUT_UPLOAD_RETRY_SECONDS, telling `note` each time;
+    the output waits in the container meanwhile. Then keeps a copy on the
+    node (kept_root) and says where."""
+    expire_kept_outputs()
+    deadline = time.monotonic() + settings.OUTPUT_UPLOAD_RETRY_SECONDS
+    pause, tries = 2.0, 0
+    while True:
+        tries += 1
+        try:
+            return _upload_once(engine, container_id, target, reader=reader)
+        except storage.StorageUnavailable as exc:
+            if time.monotonic() + pause > deadline:
+                return _keep_on_node(engine, container_id, target, f"{exc}; tried {tries} times over "
+                                     f"{settings.OUTPUT_UPLOAD_RETRY_SECONDS} s (OUTPUT_UPLOAD_RETRY_SECONDS)")
+            if note is not None:
+                note(f"could not upload /pai/output to {target}: {exc}; /pai/output is kept, "
+                     f"trying again in {pause:.0f} s")
+            sleep(pause)
+            pause = min(pause * 2, 60.0)
+
+
+def _upload_once(engine: Engine, container_id: str, target: str, *, reader: storage.Reader | None) -> str | None:
+    """One try; raises StorageUnavailable when storage did not answer."""
     stream = engine.archive(container_id, "/pai/output")
     if stream is None:
         return None
+    (settings.VAR_DIR / "tmp").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.VAR_DIR / "tmp") as tmp:
         try:
             budget = _output_budget(target)
@@ -135,6 +238,8 @@ def upload_output(engine: Engine, container_id: str, target: str, *, reader: sto
             if not folder.is_dir() or not any(folder.iterdir()):
                 return f"nothing of /pai/output was uploaded to {target}: {budget.stopped}" if budget.stopped else None
             size = storage.upload_tree(folder, target, reader=reader)
+        except storage.StorageUnavailable:
+            raise
         except (storage.StorageError, tarfile.TarError, OSError) as exc:
             return f"could not upload /pai/output to {target}: {exc}"
         finally:
@@ -143,6 +248,28 @@ def upload_output(engine: Engine, container_id: str, target: str, *, reader: sto
         return (f"uploaded {budget.kept_files} files of /pai/output ({size} bytes) to {target}; "
                 f"the rest was not uploaded: {budget.stopped}")
     return f"uploaded /pai/output ({size} bytes) to {target}"
+
+
+def _keep_on_node(engine: Engine, container_id: str, target: str, why: str) -> str:
+    """Copy /pai/output (within the per-task limits; the quota cannot be
+    asked) into kept_root(), for an admin to upload by hand."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.split("://", 1)[-1]).strip("_")[:120]
+    kept = kept_root() / f"{name}-{container_id[:12]}"
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    until = (datetime.now(UTC) + timedelta(hours=settings.OUTPUT_KEEP_HOURS)).strftime("%Y-%m-%d %H:%M UTC")
+    stream = engine.archive(container_id, "/pai/output")
+    try:
+        budget = _Budget(settings.OUTPUT_MAX_MB_PER_TASK * MB, settings.OUTPUT_MAX_FILES_PER_TASK, "", "")
+        if stream is not None:
+            _extract_within(stream, kept, budget)
+    except (tarfile.TarError, OSError) as exc:
+        shutil.rmtree(kept, ignore_errors=True)
+        return f"could not upload /pai/output to {target}: {why}; keeping it on the node failed too: {exc}"
+    finally:
+        getattr(stream, "close", lambda: None)()
+    return (f"could not upload /pai/output to {target}: {why}. It is kept on this task's node in {kept / 'output'} "
+            f"until {until} (OUTPUT_KEEP_HOURS); ask an admin to copy it to outputDir")
 
 
 def _extract_within(stream: Iterable[bytes], dest: Path, budget: _Budget) -> None:

@@ -3,7 +3,10 @@
     submission  job_submit, suggest_job_name, parse_for_user, virtual_cluster_for
     lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
     scheduling  schedule_pass
-    nodes       node_register, node_heartbeat, node_leave, nodes_mark_lost
+    nodes       node_register, node_heartbeat, node_leave, nodes_mark_lost; engine identity clashes;
+                node_cordon, node_drain, node_uncordon
+    join_tokens node join tokens: create, match, revoke, use (scripts/join-node)
+    node_settings  what a joining node is handed (read-only)
     cluster     vc_usage, node_usage, queue_position, never_fits_reason, config_fit (read-only)
     listing     the job list's filters, sorting and pages (read-only)
     access      port links, Jupyter and SSH access, idle notices; users' SSH keys; the job's private key

@@ -176,6 +176,10 @@ def _classify(attempt: TaskAttempt, result: ContainerExit, memory_mb: int) -> tu
         return TaskState.FAILED, result.exit_type, result.error or ExitType(result.exit_type).label
     if result.exit_code == 0:
         return TaskState.SUCCEEDED, ExitType.SUCCEEDED, "exited with code 0"
+    if attempt.stop_reason == ExitType.NODE_DRAINED:
+        # Stopped because an admin drained its node: a failure like a node
+        # loss (it counts toward retryCount), so the job may run elsewhere.
+        return TaskState.FAILED, ExitType.NODE_DRAINED, f"node drained: node {attempt.node_name} was drained by an admin"
     if attempt.stop_reason:
         return TaskState.STOPPED, attempt.stop_reason, ExitType(attempt.stop_reason).label
     if result.oom_killed:

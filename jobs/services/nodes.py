@@ -1,16 +1,22 @@
-"""Nodes joining, beating, and being given up for lost."""
+"""Nodes joining, beating, and being given up for lost; which engine each
+runs on; cordoned, drained and returned to service by admins."""
 
 from __future__ import annotations
 
+import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, TaskAttempt
+from jobs import queues
+from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, TaskAttempt, User
 from jobs.services.lifecycle import ContainerExit, attempt_record_exit
 
 
@@ -21,7 +27,7 @@ class NodeInfo:
     name: str
     address: str
     docker_host: str
-    engine_id: str
+    engine_id: str  # docker info's ID: shown, compared, but it decides nothing (it collides on cloned machines)
     cpus: int
     memory_mb: int
     gpus: list[dict] = field(default_factory=list)
@@ -30,6 +36,7 @@ class NodeInfo:
     port_end: int = 20999
     agent_pid: int | None = None
     agent_host: str = ""
+    engine_marker: str = ""  # the engine's own identity (launcher Engine.engine_marker)
 
 
 def portal_host_names() -> list[str]:
@@ -75,7 +82,7 @@ def node_register(info: NodeInfo) -> Node:
         "address": info.address, "docker_host": info.docker_host, "engine_id": info.engine_id,
         "cpus": info.cpus, "memory_mb": info.memory_mb, "gpus": info.gpus, "gpus_simulated": info.gpus_simulated,
         "port_start": info.port_start, "port_end": info.port_end, "agent_pid": info.agent_pid,
-        "agent_host": info.agent_host, "last_heartbeat": timezone.now(),
+        "agent_host": info.agent_host, "last_heartbeat": timezone.now(), "engine_marker": info.engine_marker,
     }
     node, created = Node.objects.update_or_create(name=info.name, defaults=values)
     Node.objects.filter(pk=node.pk, status=Node.Status.LOST).update(status=Node.Status.READY)
@@ -83,10 +90,14 @@ def node_register(info: NodeInfo) -> Node:
     return node
 
 
-def node_heartbeat(node_id: int) -> bool:
-    """False if the node row is gone (an admin deleted it)."""
+def node_heartbeat(node_id: int, *, back_ready: Callable[[], bool] = lambda: True) -> bool:
+    """False if the node row is gone (an admin deleted it). A lost node
+    that beats again is ready once `back_ready()` agrees: a node that was
+    cut off, not down, may still run the tasks given up meanwhile, and what
+    they hold (GPUs, ports) must not be handed out until they are stopped."""
     now = timezone.now()
-    Node.objects.filter(pk=node_id, status=Node.Status.LOST).update(status=Node.Status.READY)
+    if Node.objects.filter(pk=node_id, status=Node.Status.LOST).exists() and back_ready():
+        Node.objects.filter(pk=node_id, status=Node.Status.LOST).update(status=Node.Status.READY)
     return Node.objects.filter(pk=node_id).update(last_heartbeat=now) == 1
 
 
@@ -106,11 +117,46 @@ def placement_cutoff(now: datetime | None = None) -> datetime:
     return now - timedelta(seconds=window)
 
 
+class _Watch:
+    """How long this process has been watching heartbeats without a gap.
+
+    Silence means a lost node only if someone was there to hear it: while
+    the database was down (or this process stalled), no heartbeat could be
+    written nor read, and the first check afterwards would otherwise find
+    every node silent and fail every running task (seen after a PostgreSQL
+    restart longer than NODE_LOST_AFTER_SECONDS). A gap between two checks
+    of more than half that window starts the watch again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: datetime | None = None
+        self._last: datetime | None = None
+
+    def since(self, now: datetime) -> datetime:
+        """Record a check at `now`; the start of the current unbroken watch."""
+        gap = timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS / 2)
+        with self._lock:
+            if self._since is None or self._last is None or now - self._last > gap or now < self._last:
+                self._since = now
+            self._last = now
+            return self._since
+
+
+_watch = _Watch()
+
+
 def nodes_mark_lost(now: datetime | None = None) -> list[str]:
     """Nodes whose heartbeat stopped are lost; their tasks end as failed
-    with a platform reason (and their jobs retry if they may)."""
+    with a platform reason (and their jobs retry if they may). Only silence
+    this process watched for the whole window counts (_Watch)."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
+    window = timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
+    cutoff = now - window
+    # A cheap read first: it fails while the database is away, so a check
+    # that could not look records no watching either.
+    Node.objects.filter(pk=0).exists()
+    if _watch.since(now) > cutoff:
+        return []
     lost: list[str] = []
     stale = Node.objects.filter(status=Node.Status.READY).filter(
         Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True)
@@ -130,3 +176,121 @@ def nodes_mark_lost(now: datetime | None = None) -> list[str]:
                 error=f"node {node.name} was lost (no heartbeat since {since})",
             ))
     return lost
+
+
+# ------------------------------------------------------------ engine identity
+
+
+def engine_identity_conflicts(nodes: list[Node] | None = None) -> list[str]:
+    """Warnings, in words, about live nodes whose engine identities disagree:
+    the same docker info ID with different markers (cloned machines share
+    /etc/docker/key.json: harmless now, since the marker decides, but worth
+    fixing), and one marker claimed from different addresses (the engine's
+    data was copied, say a cloned disk image: those nodes would be handed
+    each other's job-network addresses, which do not route between hosts)."""
+    if nodes is None:
+        nodes = list(Node.objects.filter(status=Node.Status.READY))
+    live = [n for n in nodes if n.status == Node.Status.READY and n.heartbeat_fresh()]
+    warnings: list[str] = []
+    by_id: dict[str, list[Node]] = {}
+    by_marker: dict[str, list[Node]] = {}
+    for node in live:
+        if node.engine_id:
+            by_id.setdefault(node.engine_id, []).append(node)
+        if node.engine_marker:
+            by_marker.setdefault(node.engine_marker, []).append(node)
+    for engine_id, group in sorted(by_id.items()):
+        if len({n.engine_marker for n in group}) > 1:
+            names = ", ".join(sorted(n.name for n in group))
+            warnings.append(
+                f"nodes {names} report one Docker engine ID ({engine_id[:14]}…) but are different engines (their "
+                f"engine markers differ): their machines share /etc/docker/key.json (cloned?). They are treated as "
+                f"separate engines; give each its own key (stop dockerd, remove /etc/docker/key.json, start it).")
+    for marker, group in sorted(by_marker.items()):
+        if len({n.address for n in group}) > 1:
+            names = ", ".join(f"{n.name} ({n.address})" for n in sorted(group, key=lambda n: n.name))
+            warnings.append(
+                f"nodes {names} claim one engine marker ({marker[:8]}…) from different addresses: if they are on "
+                f"different machines, the engine's data was copied, and their tasks are handed job-network "
+                f"addresses that do not route. On the copy, stop the agent, run `docker volume rm "
+                f"pai-engine-marker` and start the agent again.")
+    return warnings
+
+
+def engine_conflicts_of(node_name: str) -> list[str]:
+    """The warnings that name `node_name`, for its agent's log: read from the
+    few nodes that share its docker ID or marker, so an agent may ask often."""
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        return []
+    same = Q(engine_id=node.engine_id) if node.engine_id else Q(pk=node.pk)
+    if node.engine_marker:
+        same |= Q(engine_marker=node.engine_marker)
+    near = list(Node.objects.filter(same, status=Node.Status.READY))
+    named = re.compile(rf"(?<![\w.-]){re.escape(node_name)}(?![\w.-])")
+    return [w for w in engine_identity_conflicts(near) if named.search(w)]
+
+
+# ---------------------------------------------------- cordon, drain, uncordon
+
+
+class NodeStateError(Exception):
+    """The node is not in a state that allows the action."""
+
+
+def node_display_state(node: Node, active_tasks: int) -> str:
+    """READY, CORDONED, DRAINING or DRAINED, as the Nodes page and the API
+    show it (LOST and a missing heartbeat are shown beside it)."""
+    if node.drain_mode:
+        return "DRAINING" if active_tasks else "DRAINED"
+    return "READY" if node.schedulable else "CORDONED"
+
+
+def node_cordon(*, node: Node, by: User) -> Node:
+    """Place no new task on the node (as `kubectl cordon`); its tasks go on.
+    Cordoning a draining node changes nothing."""
+    Node.objects.filter(pk=node.pk, schedulable=True).update(
+        schedulable=False, cordoned_at=timezone.now(), cordoned_by=by.username)
+    return Node.objects.get(pk=node.pk)
+
+
+def node_drain(*, node: Node, by: User, mode: str) -> Node:
+    """Cordon the node and empty it (as `kubectl drain`). `mode` "stop": its
+    active tasks are stopped now, each ending FAILED with the reason "node
+    drained", which counts toward its job's retryCount like a node loss, so
+    a job with retries left runs again elsewhere; "wait": its tasks run to
+    their end. Either way the node shows DRAINING until no task is left,
+    then DRAINED. Draining again may change the mode (wait, then stop)."""
+    if mode not in (Node.DrainMode.STOP, Node.DrainMode.WAIT):
+        raise NodeStateError(f"mode must be 'stop' or 'wait', not {mode!r}")
+    now = timezone.now()
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk, schedulable=True).update(schedulable=False, cordoned_at=now,
+                                                                 cordoned_by=by.username)
+        Node.objects.filter(pk=node.pk).update(drain_mode=mode)
+    if mode == Node.DrainMode.STOP:
+        _stop_node_tasks(node)
+    return Node.objects.get(pk=node.pk)
+
+
+def _stop_node_tasks(node: Node) -> None:
+    """Every active task of the node is stopped by its agent, as a user's
+    stop is, and ends FAILED as "node drained" (the stop reason decides,
+    lifecycle._classify). Even one not yet launched goes through the agent,
+    whose stop request overtakes the launch: deciding it here could race
+    the agent's claim of it. A node whose agent is gone ends its tasks as
+    lost instead, on the usual schedule."""
+    active = TaskAttempt.objects.filter(node=node, state__in=ACTIVE_TASK_STATES)
+    active.filter(stop_reason="").update(stop_reason=ExitType.NODE_DRAINED)
+    # Not those a user is stopping already: a second stop request kills at once.
+    stops = list(active.filter(stop_reason=ExitType.NODE_DRAINED).values_list("node_name", "pk"))
+    transaction.on_commit(lambda: [queues.enqueue_stop(name, pk) for name, pk in stops])
+
+
+def node_uncordon(*, node: Node) -> Node:
+    """Back in service (as `kubectl uncordon`): ends a drain too, and asks for
+    a scheduling pass so that waiting jobs may start here at once."""
+    Node.objects.filter(pk=node.pk).update(schedulable=True, drain_mode=Node.DrainMode.NONE, cordoned_at=None,
+                                           cordoned_by="")
+    transaction.on_commit(queues.request_schedule)
+    return Node.objects.get(pk=node.pk)

@@ -38,7 +38,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import keys, queues, webhooks
-from jobs.models import NOTIFY_STATES, Job, NotificationDelivery, NotificationSettings, User
+from jobs.models import NOTIFY_STATES, Job, NotificationDelivery, NotificationSettings, TaskAttempt, User
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,25 @@ def job_state_changed(*, job: Job, previous: str, state: str, reason: str = "", 
     if state not in NOTIFY_STATES:
         return
     row = NotificationSettings.objects.filter(user_id=job.owner_id).values_list("webhook_url", "email_states").first()
+    _tell_after_commit(job, row, previous=previous, state=state, reason=reason, at=at)
+
+
+def jobs_state_changed(*, jobs: list[Job], previous: str, state: str) -> None:
+    """`job_state_changed` for many jobs at once, with one query for their
+    owners' settings: a scheduling pass may start thousands."""
+    if state not in NOTIFY_STATES or not jobs:
+        return
+    rows = {user_id: (webhook_url, email_states) for user_id, webhook_url, email_states in
+            NotificationSettings.objects.filter(user_id__in={job.owner_id for job in jobs})
+            .values_list("user_id", "webhook_url", "email_states")}
+    for job in jobs:
+        _tell_after_commit(job, rows.get(job.owner_id), previous=previous, state=state)
+
+
+def _tell_after_commit(job: Job, row: tuple[str, list] | None, *, previous: str, state: str, reason: str = "",
+                       at: datetime | None = None) -> None:
+    """Enqueue the event after commit if the owner's settings (`row`:
+    webhook URL and e-mail states, or None) or the job ask for it."""
     webhook = bool(row and row[0])
     email = email_configured() and (bool(row and state in row[1]) or job_asks(job, state))
     if not (webhook or email):
@@ -199,6 +218,33 @@ def job_state_notify(event: dict[str, Any]) -> list[int]:
     return ids
 
 
+IDLE_EVENT = "idleGpus"
+
+
+def idle_gpus_notify(*, attempt: TaskAttempt, since: datetime) -> list[int]:
+    """Tell a task's owner its GPUs sit idle (IDLE_GPU_POLICY=notify), once:
+    by webhook (event "idleGpus") and by e-mail if the portal has SMTP and
+    they have an address. Called by jobs/services/usage.py."""
+    owner = attempt.job.owner
+    row = settings_for(owner)
+    payload = {"event": IDLE_EVENT, "job": f"{owner.username}~{attempt.job.name}", "jobName": attempt.job.name,
+               "user": owner.username, "task": f"{attempt.task.role}-{attempt.task.index}", "gpus": attempt.gpus,
+               "idleSince": _timestamp(since), "thresholdPercent": settings.IDLE_GPU_PERCENT,
+               "time": _timestamp(timezone.now()),
+               "url": f"{settings.PORTAL_URL}{reverse('jobs:detail', args=[attempt.job_id])}"}
+    made = []
+    if row and row.webhook_url:
+        made.append(NotificationDelivery(user=owner, job=attempt.job, channel=Channel.WEBHOOK, payload=payload,
+                                         target=row.webhook_url))
+    if email_configured() and owner.email:
+        made.append(NotificationDelivery(user=owner, job=attempt.job, channel=Channel.EMAIL, payload=payload,
+                                         target=owner.email))
+    ids = [delivery.pk for delivery in NotificationDelivery.objects.bulk_create(made)]
+    for delivery_id in ids:
+        transaction.on_commit(lambda delivery_id=delivery_id: queues.enqueue_delivery(delivery_id))
+    return ids
+
+
 def _prune(owner: User) -> None:
     """Keep a user's newest KEEP_PER_USER deliveries (and any still going)."""
     cutoff = list(NotificationDelivery.objects.filter(user=owner).order_by("-id")
@@ -223,6 +269,53 @@ def delivery_try(delivery_id: int) -> str | None:
     return _record(delivery, target, outcome)
 
 
+# ------------------------------------------------------------ repair sweep
+# A worker that dies (its agent SIGKILLed, its machine lost) can leave a
+# delivery SENDING (claimed, never recorded) or PENDING (stored, never
+# tried), and a flushed Redis loses the retries waiting there (RETRYING).
+# Node agents' heartbeats call `deliveries_repair` (one agent per
+# REPAIR_EVERY_SECONDS, by a Redis lock), which puts such deliveries back
+# on the notify queue: a stuck delivery is tried again within
+# `stuck_after()` plus REPAIR_EVERY_SECONDS plus one heartbeat.
+
+REPAIR_EVERY_SECONDS = 30
+REPAIR_GRACE_SECONDS = 60  # a PENDING delivery is tried at once; a RETRYING one when due
+
+
+def stuck_after() -> timedelta:
+    """How long a try may take before its worker is taken for dead: a
+    webhook try ends within WEBHOOK_TIMEOUT_SECONDS (jobs/webhooks.py); an
+    SMTP exchange has EMAIL_TIMEOUT per step, so allow a few steps."""
+    return timedelta(seconds=max(settings.WEBHOOK_TIMEOUT_SECONDS, 4 * settings.EMAIL_TIMEOUT) + REPAIR_GRACE_SECONDS)
+
+
+def deliveries_repair(*, now: datetime | None = None, force: bool = False) -> list[int]:
+    """Put deliveries a dead worker or a lost Redis left behind back on the
+    queue; returns their ids. A try that was cut off counts as a try (its
+    receiver may have got it: webhooks are at-least-once, and
+    X-Portal-Delivery lets a receiver drop a repeat)."""
+    lock = f"{settings.PAI_INSTANCE}:notify-repair"
+    if not force and not queues.connection().set(lock, "1", nx=True, ex=REPAIR_EVERY_SECONDS):
+        return []
+    now = now or timezone.now()
+    grace = now - timedelta(seconds=REPAIR_GRACE_SECONDS)
+    stuck = list(NotificationDelivery.objects.filter(status=Status.SENDING, last_try_at__lt=now - stuck_after())
+                 .values_list("id", "tries"))
+    for delivery_id, tries in stuck:
+        gave_up = tries > len(settings.WEBHOOK_RETRY_SECONDS)
+        NotificationDelivery.objects.filter(pk=delivery_id, status=Status.SENDING).update(
+            status=Status.FAILED if gave_up else Status.RETRYING, next_try_at=None if gave_up else now,
+            result="the worker trying it stopped" + (f" (gave up after {tries} tries)" if gave_up else
+                                                      "; it will be tried again"))
+    waiting = (NotificationDelivery.objects.filter(status=Status.PENDING, created_at__lt=grace) |
+               NotificationDelivery.objects.filter(status=Status.RETRYING, next_try_at__lt=grace) |
+               NotificationDelivery.objects.filter(pk__in=[d for d, _ in stuck], status=Status.RETRYING))
+    ids = sorted(set(waiting.values_list("id", flat=True)))
+    for delivery_id in ids:
+        queues.enqueue_delivery(delivery_id)  # delivery_try claims it, so a repeat is harmless
+    return ids
+
+
 def _send_webhook(delivery: NotificationDelivery) -> tuple[str, webhooks.Outcome]:
     # The webhook as it is now: a changed URL or secret applies to retries too.
     row = NotificationSettings.objects.filter(user_id=delivery.user_id).first()
@@ -234,7 +327,7 @@ def _send_webhook(delivery: NotificationDelivery) -> tuple[str, webhooks.Outcome
         return row.webhook_url, webhooks.Outcome(False, retry=False, message="the webhook's secret was sealed with "
                                                  "a secret key this portal no longer has: set the webhook again")
     body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
-    headers = {webhooks.SIGNATURE_HEADER: webhooks.sign(body, secret), "X-Portal-Event": EVENT,
+    headers = {webhooks.SIGNATURE_HEADER: webhooks.sign(body, secret), "X-Portal-Event": delivery.payload["event"],
                "X-Portal-Delivery": str(delivery.pk)}
     outcome = webhooks.post(row.webhook_url, body, headers, networks=settings.WEBHOOK_ALLOWED_NETWORKS,
                             timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
@@ -242,10 +335,16 @@ def _send_webhook(delivery: NotificationDelivery) -> tuple[str, webhooks.Outcome
 
 
 def email_subject(payload: dict[str, Any]) -> str:
+    if payload["event"] == IDLE_EVENT:
+        return f"Job {payload['job']}: the GPUs of task {payload['task']} are idle"
     return f"Job {payload['job']} is {payload['state'].lower()}"
 
 
 def _email_text(payload: dict[str, Any]) -> str:
+    if payload["event"] == IDLE_EVENT:
+        return (f"Task {payload['task']} of your job {payload['job']} holds GPUs {payload['gpus']}, and they have "
+                f"been under {payload['thresholdPercent']:g}% busy since {payload['idleSince']}. Stop the job if "
+                f"it no longer needs them, so others can use them.\nJob page: {payload['url']}\n")
     lines = [f"Your job {payload['job']} went from {payload['previousState']} to {payload['state']} "
              f"at {payload['time']}."]
     if payload["exitReason"]:

@@ -10,15 +10,19 @@ allocations are the last line of defence against double allocation.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, F, Sum
+from django.db import connection, models, transaction
+from django.db.models import Count, F, QuerySet, Sum, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from jobs import queues, scheduler
@@ -42,70 +46,155 @@ from jobs.spec import JobSpec, PortSpec
 log = logging.getLogger(__name__)
 
 # A pass looks at this many waiting jobs at most; the rest wait their turn.
-MAX_JOBS_PER_PASS = 2000
+# bench/scheduler_scale.py measures a pass over this many.
+MAX_JOBS_PER_PASS = 10_000
+
+
+def ready_nodes_queryset() -> QuerySet[Node]:
+    """The nodes new tasks may go to now, by name."""
+    return (Node.objects.filter(status=Node.Status.READY, schedulable=True, last_heartbeat__gte=placement_cutoff(),
+                                agent_pid__isnull=False)
+            .order_by("name"))
 
 
 def ready_nodes() -> list[Node]:
-    return list(
-        Node.objects.filter(status=Node.Status.READY, schedulable=True, last_heartbeat__gte=placement_cutoff(),
-                            agent_pid__isnull=False)
-        .order_by("name")
-    )
+    return list(ready_nodes_queryset())
 
 
 def node_states(nodes: list[Node]) -> list[scheduler.NodeState]:
     """The nodes with what their active tasks hold now."""
     usage = {
-        row["node_id"]: row
-        for row in TaskAttempt.objects.filter(node__in=nodes, state__in=ACTIVE_TASK_STATES)
-        .values("node_id").annotate(cpus=Sum("cpus"), memory=Sum("memory_mb"))
+        node_id: (cpus, memory)
+        for node_id, cpus, memory in TaskAttempt.objects.filter(node__in=nodes, state__in=ACTIVE_TASK_STATES)
+        .values_list("node_id").annotate(cpus=Sum("cpus"), memory=Sum("memory_mb"))
     }
+    rows = [(n.pk, n.name, n.address, n.cpus, n.memory_mb, n.gpus, n.port_start, n.port_end) for n in nodes]
+    return _states(rows, usage, GpuAllocation.objects.filter(node__in=nodes).values_list("node_id", "index"),
+                   PortAllocation.objects.values_list("address", "port"))
+
+
+# A node's GPUs as stored (JSON text) -> {index: type}; nodes alike share one.
+_gpu_maps: dict[str, dict[int, str]] = {}
+
+
+def _gpu_map(stored: str | list) -> dict[int, str]:
+    """{index: type} of a node's `gpus`, read once per distinct value: a
+    pass reads every ready node, and most nodes of a cluster are alike."""
+    if not isinstance(stored, str):  # a decoded list (psycopg decodes jsonb itself)
+        return {int(g["index"]): str(g["type"]) for g in stored}
+    found = _gpu_maps.get(stored)
+    if found is None:
+        if len(_gpu_maps) > 10_000:
+            _gpu_maps.clear()
+        found = _gpu_maps[stored] = {int(g["index"]): str(g["type"]) for g in json.loads(stored)}
+    return found
+
+
+def _states(rows: list[tuple], usage: dict[int, tuple[int, int]], gpu_rows: Iterable[tuple[int, int]],
+            port_rows: Iterable[tuple[str, int]]) -> list[scheduler.NodeState]:
+    """NodeStates of node `rows` (id, name, address, CPUs, memory, GPUs,
+    port range), with `usage` (CPUs, memory) and GPUs (node, index) taken by
+    node, and the ports (address, port) taken on each node's address."""
     gpus: dict[int, set[int]] = defaultdict(set)
-    for node_id, index in GpuAllocation.objects.filter(node__in=nodes).values_list("node_id", "index"):
+    for node_id, index in gpu_rows:
         gpus[node_id].add(index)
     ports_by_address: dict[str, set[int]] = defaultdict(set)
-    for address, port in PortAllocation.objects.values_list("address", "port"):
+    for address, port in port_rows:
         ports_by_address[address].add(port)
-    return [
-        scheduler.NodeState(
-            id=node.pk, name=node.name, address=node.address, cpus=node.cpus, memory_mb=node.memory_mb,
-            gpus={int(g["index"]): str(g["type"]) for g in node.gpus}, port_start=node.port_start,
-            port_end=node.port_end, used_cpus=usage.get(node.pk, {}).get("cpus") or 0,
-            used_memory_mb=usage.get(node.pk, {}).get("memory") or 0, used_gpus=gpus[node.pk],
-            used_ports=ports_by_address[node.address], fixed_ports_allowed=settings.FIXED_PORTS_ALLOWED,
-        )
-        for node in nodes
-    ]
+    fixed = settings.FIXED_PORTS_ALLOWED
+    states = []
+    for node_id, name, address, cpus, memory_mb, stored_gpus, port_start, port_end in rows:
+        used_cpus, used_memory = usage.get(node_id, (0, 0))
+        states.append(scheduler.NodeState(
+            id=node_id, name=name, address=address, cpus=cpus, memory_mb=memory_mb, gpus=_gpu_map(stored_gpus),
+            port_start=port_start, port_end=port_end, used_cpus=used_cpus or 0, used_memory_mb=used_memory or 0,
+            used_gpus=gpus[node_id], used_ports=ports_by_address[address], fixed_ports_allowed=fixed,
+        ))
+    return states
+
+
+@dataclass
+class _Inputs:
+    """Everything a pass decides from, as read: rows of plain values, so
+    that two reads compare equal exactly when they would decide the same
+    (the configs behind `waiting` never change)."""
+
+    nodes: list[tuple]  # the ready nodes: id, name, address, CPUs, memory, GPUs (JSON), port range
+    usage: list[tuple]  # what active tasks hold: node id, virtual cluster, CPUs, memory
+    gpus: list[tuple]  # GPUs taken: node id, index
+    ports: list[tuple]  # ports taken: address, port
+    vcs: list[tuple]  # virtual clusters: name, capacity
+    vc_gpus: list[tuple]  # GPUs taken: virtual cluster, type, count
+    waiting: list[_Waiting]
+    limits: dict[tuple[str, int], tuple]  # the owners' limits and use (user_quotas), as values
+
+
+def _read() -> _Inputs:
+    nodes = list(ready_nodes_queryset().annotate(stored_gpus=Cast("gpus", TextField()))
+                 .values_list("id", "name", "address", "cpus", "memory_mb", "stored_gpus", "port_start", "port_end"))
+    usage = list(TaskAttempt.objects.filter(state__in=ACTIVE_TASK_STATES)
+                 .values_list("node_id", "job__virtual_cluster__name").annotate(cpus=Sum("cpus"), memory=Sum("memory_mb")))
+    waiting = _waiting_jobs()
+    return _Inputs(
+        nodes=nodes, usage=usage, gpus=list(GpuAllocation.objects.values_list("node_id", "index")),
+        ports=list(PortAllocation.objects.values_list("address", "port")),
+        vcs=list(VirtualCluster.objects.values_list("name", "capacity")),
+        vc_gpus=list(GpuAllocation.objects.values_list("attempt__job__virtual_cluster__name", "attempt__gpu_type")
+                     .annotate(n=Count("id"))),
+        waiting=waiting,
+        limits={key: (q.max_running_jobs, q.max_gpus, q.running_jobs, q.used_gpus)
+                for key, q in user_quotas(waiting).items()},
+    )
+
+
+def _ready_states(inputs: _Inputs) -> tuple[list[scheduler.NodeState], dict[str, scheduler.Quota]]:
+    """The ready nodes' states and the virtual clusters' quotas, from one read."""
+    by_node: dict[int, tuple[int, int]] = defaultdict(lambda: (0, 0))
+    by_vc: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
+    for node_id, vc, cpus, memory in inputs.usage:
+        cpus, memory = cpus or 0, memory or 0
+        by_node[node_id] = (by_node[node_id][0] + cpus, by_node[node_id][1] + memory)
+        by_vc[vc] = (by_vc[vc][0] + cpus, by_vc[vc][1] + memory)
+    states = _states(inputs.nodes, by_node, inputs.gpus, inputs.ports)
+    return states, _quotas(states, by_vc, inputs.vcs, inputs.vc_gpus)
 
 
 def quotas(states: list[scheduler.NodeState]) -> dict[str, scheduler.Quota]:
     """Each virtual cluster's share of the ready nodes, and what it holds."""
+    active = TaskAttempt.objects.filter(state__in=ACTIVE_TASK_STATES)
+    used = {vc: (cpus or 0, memory or 0) for vc, cpus, memory in active.values_list("job__virtual_cluster__name")
+            .annotate(cpus=Sum("cpus"), memory=Sum("memory_mb"))}
+    gpu_rows = GpuAllocation.objects.values_list("attempt__job__virtual_cluster__name", "attempt__gpu_type").annotate(n=Count("id"))
+    return _quotas(states, used, VirtualCluster.objects.values_list("name", "capacity"), gpu_rows)
+
+
+def _quotas(states: list[scheduler.NodeState], used: dict[str, tuple[int, int]], vcs: Iterable[tuple[str, float]],
+            gpu_rows: Iterable[tuple[str, str, int]]) -> dict[str, scheduler.Quota]:
+    """`quotas`, given the CPUs and memory held by virtual cluster, the
+    virtual clusters (name, capacity) and the GPUs held (virtual cluster,
+    type, count)."""
+    vcs = list(vcs)
     total_cpus = sum(n.cpus for n in states)
     total_memory = sum(n.memory_mb for n in states)
     total_gpus: dict[str, int] = defaultdict(int)
     for node in states:
         for kind in node.gpus.values():
             total_gpus[kind] += 1
-    vcs = list(VirtualCluster.objects.all())
-    others = sum(vc.capacity for vc in vcs if vc.name != VirtualCluster.DEFAULT)
+    others = sum(capacity for name, capacity in vcs if name != VirtualCluster.DEFAULT)
     result: dict[str, scheduler.Quota] = {}
-    for vc in vcs:
-        share = max(0.0, 100.0 - others) if vc.name == VirtualCluster.DEFAULT else vc.capacity
+    for name, capacity in vcs:
+        share = max(0.0, 100.0 - others) if name == VirtualCluster.DEFAULT else capacity
         share /= 100.0
-        result[vc.name] = scheduler.Quota(
+        result[name] = scheduler.Quota(
             cpus=total_cpus * share, memory_mb=total_memory * share,
             gpus={kind: count * share for kind, count in total_gpus.items()},
         )
-    active = TaskAttempt.objects.filter(state__in=ACTIVE_TASK_STATES)
-    for row in active.values("job__virtual_cluster__name").annotate(cpus=Sum("cpus"), memory=Sum("memory_mb")):
-        quota = result.get(row["job__virtual_cluster__name"])
-        if quota:
-            quota.used_cpus, quota.used_memory_mb = row["cpus"] or 0, row["memory"] or 0
-    gpu_rows = GpuAllocation.objects.values("attempt__job__virtual_cluster__name", "attempt__gpu_type").annotate(n=Count("id"))
-    for row in gpu_rows:
-        quota = result.get(row["attempt__job__virtual_cluster__name"])
-        if quota:
-            quota.used_gpus[row["attempt__gpu_type"]] += row["n"]
+    for name, (cpus, memory) in used.items():
+        if name in result:
+            result[name].used_cpus, result[name].used_memory_mb = cpus, memory
+    for name, kind, count in gpu_rows:
+        if name in result:
+            result[name].used_gpus[kind] += count
     return result
 
 
@@ -139,10 +228,13 @@ def job_request(job: Job) -> scheduler.JobRequest:
 # them come through the Job.spec memo, which the rest of the process shares.
 _roles_cache: dict[int, tuple[scheduler.RoleRequest, ...]] = {}
 _ROLES_CACHE_MAX = 20_000
+# Alike jobs (a sweep of one config) share one requests object, which the
+# scheduler then hashes once for all of them (scheduler._Kinds).
+_role_shapes: dict[tuple[scheduler.RoleRequest, ...], tuple[scheduler.RoleRequest, ...]] = {}
+_request_memo: dict[int, scheduler.JobRequest] = {}
 
 
-@dataclass(frozen=True)
-class _Waiting:
+class _Waiting(NamedTuple):  # a tuple: a pass reads thousands
     id: int
     vc: str
     gpu_type: str
@@ -155,21 +247,30 @@ def _waiting_jobs() -> list[_Waiting]:
     rows = (Job.objects.filter(state=State.WAITING).order_by("id")
             .values_list("id", "virtual_cluster__name", "gpu_type", "overtaken", "waiting_reason",
                          "owner_id")[:MAX_JOBS_PER_PASS])
-    return [_Waiting(*row) for row in rows]
+    return list(map(_Waiting._make, rows))
 
 
 def _requests(waiting: list[_Waiting]) -> list[scheduler.JobRequest]:
     missing = [job.id for job in waiting if job.id not in _roles_cache]
     if len(_roles_cache) + len(missing) > _ROLES_CACHE_MAX:
         _roles_cache.clear()
+        _role_shapes.clear()
+        _request_memo.clear()
         missing = [job.id for job in waiting]
     for job in Job.objects.filter(pk__in=missing).only("id", "owner_id", "name", "config").iterator(chunk_size=500):
-        _roles_cache[job.pk] = _roles(job.spec)
-    return [
-        scheduler.JobRequest(id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=_roles_cache[job.id],
-                             overtaken=job.overtaken, owner=job.owner)
-        for job in waiting
-    ]
+        roles = _roles(job.spec)
+        _roles_cache[job.pk] = _role_shapes.setdefault(roles, roles)
+    requests = []
+    for job in waiting:
+        # The scheduler only reads requests: one kept from the last pass
+        # serves again while the job is as it was then.
+        request = _request_memo.get(job.id)
+        if request is None or request.overtaken != job.overtaken or request.vc != job.vc:
+            request = _request_memo[job.id] = scheduler.JobRequest(
+                id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=_roles_cache[job.id],
+                overtaken=job.overtaken, owner=job.owner)
+        requests.append(request)
+    return requests
 
 
 def user_quotas(waiting: list[_Waiting]) -> dict[tuple[str, int], scheduler.UserQuota]:
@@ -201,79 +302,223 @@ def user_quotas(waiting: list[_Waiting]) -> dict[tuple[str, int], scheduler.User
     return result
 
 
-def _allocate_subnet(job_attempt: JobAttempt, tasks: int) -> ipaddress.IPv4Network | None:
-    """A free subnet big enough for the job's tasks (.1 is the gateway).
+class _JobNetworks:
+    """The job networks (subnets of JOB_SUBNET_POOL) in use, read once per
+    pass, and handed out as the pass places jobs.
 
-    The search starts at a place that moves with each attempt, so a subnet
-    just freed is not handed out again at once while a slow engine may still
-    be removing its old network.
-    """
-    pool = ipaddress.ip_network(settings.JOB_SUBNET_POOL)
-    prefix = max(pool.prefixlen, min(26, 32 - math.ceil(math.log2(tasks + 3))))
-    used = [ipaddress.ip_network(s) for s in JobAttempt.objects.exclude(subnet="").values_list("subnet", flat=True)]
-    candidates = list(pool.subnets(new_prefix=prefix))
-    start = job_attempt.pk % len(candidates)
-    for subnet in candidates[start:] + candidates[:start]:
-        if not any(subnet.overlaps(u) for u in used):
-            return subnet
-    return None
+    A job gets the first free subnet big enough for its tasks (.1 is the
+    gateway), searching from a place that moves with each attempt, so that
+    a subnet just freed is not handed out again at once while a slow engine
+    may still be removing its old network. The pool's subnets of one size
+    are numbered, and those overlapping a network in use are remembered by
+    number: finding a free one costs a few set lookups, not a walk over
+    every subnet of the pool (131,072 /26 in a /9)."""
+
+    def __init__(self) -> None:
+        self.pool = ipaddress.ip_network(settings.JOB_SUBNET_POOL)
+        self.used = [ipaddress.ip_network(s) for s in JobAttempt.objects.exclude(subnet="").values_list("subnet", flat=True)]
+        self._taken: dict[int, set[int]] = {}  # by prefix length: numbers of the subnets overlapping one in use
+
+    def take(self, job_attempt_id: int, tasks: int) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+        pool = self.pool
+        prefix = max(pool.prefixlen, min(26, 32 - math.ceil(math.log2(tasks + 3))))
+        count = 2 ** (prefix - pool.prefixlen)
+        taken = self._taken_at(prefix)
+        start = job_attempt_id % count
+        for number in range(count):
+            number = (start + number) % count
+            if number not in taken:
+                size = 2 ** (pool.max_prefixlen - prefix)
+                subnet = ipaddress.ip_network((int(pool.network_address) + number * size, prefix))
+                self.used.append(subnet)
+                for length, numbers in self._taken.items():
+                    numbers.update(self._numbers(subnet, length))
+                return subnet
+        return None
+
+    def _taken_at(self, prefix: int) -> set[int]:
+        if prefix not in self._taken:
+            self._taken[prefix] = {number for used in self.used for number in self._overlapping(used, prefix)}
+        return self._taken[prefix]
+
+    def _overlapping(self, used: ipaddress.IPv4Network | ipaddress.IPv6Network, prefix: int) -> range:
+        """The numbers of the pool's subnets of length `prefix` that overlap `used`."""
+        if used.version != self.pool.version or not used.overlaps(self.pool):
+            return range(0)
+        return self._numbers(used, prefix)
+
+    def _numbers(self, used: ipaddress.IPv4Network | ipaddress.IPv6Network, prefix: int) -> range:
+        """`_overlapping` for a subnet known to overlap the pool."""
+        pool = self.pool
+        size = 2 ** (pool.max_prefixlen - prefix)
+        base = int(pool.network_address)
+        first = max(0, (int(used.network_address) - base) // size)
+        last = min(2 ** (prefix - pool.prefixlen) - 1, (int(used.broadcast_address) - base) // size)
+        return range(first, last + 1)
 
 
-def _apply(job: Job, placements: list[scheduler.Placement], nodes: dict[int, Node]) -> list[tuple[str, int]]:
-    """Write one job's placement; returns (node name, attempt id) to launch."""
-    job_attempt = JobAttempt.objects.get(job=job, number=job.attempt_number)
-    spec = job.spec
-    order = {role.name: i for i, role in enumerate(spec.task_roles)}
-    placements = sorted(placements, key=lambda p: (order[p.role], p.index))
-    subnet = None
-    if len(placements) > 1:
-        subnet = _allocate_subnet(job_attempt, len(placements))
-        if subnet is None:
-            Job.objects.filter(pk=job.pk).update(waiting_reason="waiting for a free job network (JOB_SUBNET_POOL is used up)")
-            return []
-    if Job.objects.filter(pk=job.pk, state=State.WAITING).update(state=State.RUNNING, waiting_reason="") != 1:
-        return []
-    notifications.job_state_changed(job=job, previous=State.WAITING, state=State.RUNNING)
-    JobAttempt.objects.filter(pk=job_attempt.pk).update(state=State.RUNNING, subnet=str(subnet) if subnet else "")
-    tasks = {(t.role, t.index): t.pk for t in Task.objects.filter(job=job)}
-    shm = {role.name: role.shm_mb for role in spec.task_roles}
-    hosts = list(subnet.hosts())[1:] if subnet else []
+@dataclass
+class _Start:
+    """A job the pass starts: its attempt and its tasks' placements, in
+    task role order."""
+
+    job: Job
+    attempt: JobAttempt
+    placements: list[scheduler.Placement]
+
+
+def _starts(placed: dict[int, list[scheduler.Placement]]) -> list[_Start]:
+    """The placed jobs still waiting, locked against a concurrent change of
+    state (on PostgreSQL; SQLite's write lock is the pass's already), with
+    their current attempts; in the order they were placed."""
+    waiting = set(Job.objects.select_for_update().filter(pk__in=list(placed), state=State.WAITING)
+                  .values_list("pk", flat=True))
+    jobs = Job.objects.only("id", "owner_id", "name", "config", "attempt_number").in_bulk(waiting)
+    attempts = {(a.job_id, a.number): a for a in JobAttempt.objects.filter(job_id__in=waiting)}
+    starts = []
+    for job_id, placements in placed.items():
+        if job_id not in waiting:
+            continue
+        job = jobs[job_id]
+        order = {role.name: i for i, role in enumerate(job.spec.task_roles)}
+        placements = sorted(placements, key=lambda p: (order[p.role], p.index))
+        starts.append(_Start(job, attempts[job_id, job.attempt_number], placements))
+    return starts
+
+
+def _with_networks(starts: list[_Start]) -> list[_Start]:
+    """The starts that got a job network if they need one (more than one
+    task); the others keep waiting and say why."""
+    networks = _JobNetworks()
+    ready = []
+    for start in starts:
+        if len(start.placements) > 1:
+            subnet = networks.take(start.attempt.pk, len(start.placements))
+            if subnet is None:
+                Job.objects.filter(pk=start.job.pk).update(
+                    waiting_reason="waiting for a free job network (JOB_SUBNET_POOL is used up)")
+                continue
+            start.attempt.subnet = str(subnet)
+        ready.append(start)
+    return ready
+
+
+def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -> list[tuple[str, int]]:
+    """Every placed job RUNNING with its task attempts and allocations, a
+    few statements for the whole pass; (node name, attempt id) to launch."""
+    Job.objects.filter(pk__in=[start.job.pk for start in starts], state=State.WAITING).update(
+        state=State.RUNNING, waiting_reason="")
+    notifications.jobs_state_changed(jobs=[start.job for start in starts], previous=State.WAITING, state=State.RUNNING)
+    _many(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = %s WHERE {id} = %s",
+          [(State.RUNNING, start.attempt.subnet, start.attempt.pk) for start in starts])
+    tasks = {(job_id, role, index): pk for job_id, role, index, pk in Task.objects.filter(
+        job_id__in=[start.job.pk for start in starts]).values_list("job_id", "role", "index", "pk")}
     now = timezone.now()
-    attempts = TaskAttempt.objects.bulk_create([
-        TaskAttempt(
-            task_id=tasks[(p.role, p.index)], job_attempt=job_attempt, job=job, number=job.attempt_number,
-            node=nodes[p.node_id], node_name=nodes[p.node_id].name, host_ip=nodes[p.node_id].address,
-            ip=str(hosts[i]) if hosts else "", cpus=p.cpus, memory_mb=p.memory_mb, shm_mb=shm[p.role],
-            gpus=list(p.gpus), gpu_type=p.gpu_type, ports=p.ports, assigned_at=now,
-        )
-        for i, p in enumerate(placements)
-    ])
-    GpuAllocation.objects.bulk_create(
-        GpuAllocation(node_id=p.node_id, index=index, attempt=a) for a, p in zip(attempts, placements) for index in p.gpus
-    )
-    PortAllocation.objects.bulk_create(
-        PortAllocation(address=nodes[p.node_id].address, port=port, node_id=p.node_id, attempt=a)
-        for a, p in zip(attempts, placements) for ports in p.ports.values() for port in ports
-    )
-    return [(a.node_name, a.pk) for a in attempts]
+    rows: list[dict[str, Any]] = []
+    placements: list[scheduler.Placement] = []
+    for start in starts:
+        job, spec = start.job, start.job.spec
+        shm = {role.name: role.shm_mb for role in spec.task_roles}
+        # Task i gets the subnet's (i+2)th address: .1 is the gateway.
+        first = ipaddress.ip_network(start.attempt.subnet).network_address + 2 if start.attempt.subnet else None
+        for i, p in enumerate(start.placements):
+            node = nodes[p.node_id]
+            rows.append({
+                "task_id": tasks[job.pk, p.role, p.index], "job_attempt_id": start.attempt.pk, "job_id": job.pk,
+                "number": job.attempt_number, "node_id": node.id, "node_name": node.name, "host_ip": node.address,
+                "ip": str(first + i) if first is not None else "", "cpus": p.cpus, "memory_mb": p.memory_mb, "shm_mb": shm[p.role],
+                "gpus": list(p.gpus), "gpu_type": p.gpu_type, "ports": p.ports, "assigned_at": now,
+            })
+            placements.append(p)
+    _insert(TaskAttempt, rows)
+    # The attempts' ids, by task (one attempt per task and job attempt).
+    ids = dict(TaskAttempt.objects.filter(job_attempt_id__in=[start.attempt.pk for start in starts])
+               .values_list("task_id", "pk"))
+    _many(GpuAllocation, "INSERT INTO {table} ({node_id}, {index}, {attempt_id}) VALUES (%s, %s, %s)",
+          [(p.node_id, index, ids[row["task_id"]]) for row, p in zip(rows, placements) for index in p.gpus])
+    _many(PortAllocation, "INSERT INTO {table} ({address}, {port}, {node_id}, {attempt_id}) VALUES (%s, %s, %s, %s)",
+          [(row["host_ip"], port, p.node_id, ids[row["task_id"]]) for row, p in zip(rows, placements)
+           for ports in p.ports.values() for port in ports])
+    return [(row["node_name"], ids[row["task_id"]]) for row in rows]
+
+
+def _insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
+    """INSERT `rows` (values by field attname, the same fields in each) into
+    `model`'s table in one executemany; the fields they leave out get their
+    defaults, as a new instance would. What bulk_create does, without an
+    instance per row (a pass may create thousands: bench/scheduler_scale.py)."""
+    if not rows:
+        return
+    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    given = rows[0].keys()
+    defaults = {field.attname: field.get_db_prep_save(field.get_default(), connection)
+                for field in fields if field.attname not in given}
+    # Plain numbers and text go to the driver as they are; JSON and times
+    # are turned into what this database stores.
+    prepared = {field.attname: field for field in fields
+                if field.attname in given and field.get_internal_type() in ("JSONField", "DateTimeField", "DateField")}
+    template = [defaults.get(field.attname) for field in fields]
+    given_at = [(i, field.attname, prepared.get(field.attname)) for i, field in enumerate(fields)
+                if field.attname not in defaults]
+    params = []
+    last: dict[str, tuple[Any, Any]] = {}  # per field: the last value and what it became (one `now` for all rows)
+    for row in rows:
+        values = template.copy()
+        for i, name, field in given_at:
+            value = row[name]
+            if field is None:
+                values[i] = value
+            else:
+                seen = last.get(name)
+                if seen is None or seen[0] is not value:
+                    seen = last[name] = (value, field.get_db_prep_save(value, connection))
+                values[i] = seen[1]
+        params.append(values)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    with connection.cursor() as cursor:
+        # executemany: SQLite runs it in one call, psycopg in pipeline mode;
+        # both were faster here than multi-row VALUES of this many columns.
+        cursor.executemany(f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
+                           f"VALUES ({', '.join(['%s'] * len(fields))})", params)
+
+
+def _many(model: type[models.Model], sql: str, rows: list[tuple]) -> None:
+    """One statement run for many rows: `sql` names `model`'s table and
+    columns as {table} and {<field attname>}. For the plain rows a pass
+    writes by the thousand (allocations, attempt states), where building
+    and saving a model instance per row cost more than the writing itself
+    (bench/scheduler_scale.py); the same SQL on SQLite and PostgreSQL."""
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        # SQLite runs executemany in one call, psycopg in pipeline mode:
+        # measured faster here than multi-row statements or CASE updates.
+        cursor.executemany(_sql(model, sql), rows)
+
+
+def _sql(model: type[models.Model], sql: str, **extra: str) -> str:
+    """`sql` with {table} and {<field attname>} replaced by `model`'s
+    quoted table and column names (and `extra` as given)."""
+    quote = connection.ops.quote_name
+    names = {field.attname: quote(field.column) for field in model._meta.concrete_fields}
+    return sql.format(table=quote(model._meta.db_table), **names, **extra)
 
 
 @dataclass
 class _Plan:
-    nodes: list[Node]
+    inputs: _Inputs
+    nodes: list[scheduler.NodeState]
     waiting: list[_Waiting]
     decision: scheduler.Decision
 
 
-def _plan() -> _Plan:
-    nodes = ready_nodes()
-    states = node_states(nodes)
-    waiting = _waiting_jobs()
-    decision = scheduler.schedule(
-        _requests(waiting), states, quotas(states), max_overtakes=settings.SCHEDULER_MAX_OVERTAKES,
-        user_quotas=user_quotas(waiting),
-    )
-    return _Plan(nodes, waiting, decision)
+def _plan(inputs: _Inputs) -> _Plan:
+    states, quota = _ready_states(inputs)
+    owners = {key: scheduler.UserQuota(*values) for key, values in inputs.limits.items()}
+    decision = scheduler.schedule(_requests(inputs.waiting), states, quota,
+                                  max_overtakes=settings.SCHEDULER_MAX_OVERTAKES, user_quotas=owners)
+    return _Plan(inputs, states, inputs.waiting, decision)
 
 
 def _record_waiting(plan: _Plan) -> None:
@@ -284,19 +529,28 @@ def _record_waiting(plan: _Plan) -> None:
         reason = plan.decision.waiting.get(job.id, job.waiting_reason)
         if job.id not in plan.decision.placed and reason != job.waiting_reason:
             changed[reason].append(job.id)
-    for reason, ids in changed.items():
-        Job.objects.filter(pk__in=ids, state=State.WAITING).update(waiting_reason=reason)
+    # A pass that places many jobs changes hundreds of reasons (each says
+    # what is free now): plain statements, not a query built per reason.
+    with connection.cursor() as cursor:
+        for reason, ids in changed.items():
+            cursor.execute(_sql(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s AND {id} IN ({ids})",
+                                ids=", ".join(["%s"] * len(ids))), [reason, State.WAITING, *ids])
 
 
 def _place(plan: _Plan) -> list[tuple[str, int]]:
     """Write the plan's placements; (node name, attempt id) to launch."""
-    by_id = {node.pk: node for node in plan.nodes}
-    launches: list[tuple[str, int]] = []
-    for job_id, placements in plan.decision.placed.items():
-        launches.extend(_apply(Job.objects.get(pk=job_id), placements, by_id))
+    starts = _with_networks(_starts(plan.decision.placed))
+    launches = _write_starts(starts, {node.id: node for node in plan.nodes}) if starts else []
+    for job_id in plan.decision.placed:
         _roles_cache.pop(job_id, None)
+        _request_memo.pop(job_id, None)
+    # One UPDATE per distinct count: a pass that places thousands of jobs
+    # may pass over thousands of others.
+    by_count: dict[int, list[int]] = defaultdict(list)
     for job_id, count in plan.decision.overtaken.items():
-        Job.objects.filter(pk=job_id, state=State.WAITING).update(overtaken=F("overtaken") + count)
+        by_count[count].append(job_id)
+    for count, ids in by_count.items():
+        Job.objects.filter(pk__in=ids, state=State.WAITING).update(overtaken=F("overtaken") + count)
     return launches
 
 
@@ -325,7 +579,7 @@ def _schedule_pass() -> int:
     committed before them."""
     queues.schedule_pass_started()
     nodes_mark_lost()
-    plan = _plan()
+    plan = _plan(_read())
     if not plan.decision.placed:
         # Each reason's UPDATE stands on its own; no transaction, so a pass
         # that changes nothing never takes the write lock at all.
@@ -333,8 +587,10 @@ def _schedule_pass() -> int:
         return 0
     with transaction.atomic():
         list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
-        plan = _plan()
+        inputs = _read()
+        if inputs != plan.inputs:  # else the same inputs decide the same: no need to decide again
+            plan = _plan(inputs)
         launches = _place(plan)
         _record_waiting(plan)
-        transaction.on_commit(lambda: [queues.enqueue_launch(name, attempt_id) for name, attempt_id in launches])
+        transaction.on_commit(lambda: queues.enqueue_launches(launches))
     return len({attempt_id for _name, attempt_id in launches})

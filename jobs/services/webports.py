@@ -20,18 +20,29 @@ never reach it. The proxy host therefore has a sign-in of its own:
 
 Admins may open any task's web port, as they may open a terminal in any
 task (SECURITY.md, "Web ports").
+
+The proxy never connects to a task's port itself: the port is bound to its
+node's loopback, and the node agent's forwarder (jobs/node/webforward.py)
+splices a connection to it only after the portal proves itself with a
+*forward proof*, made and checked here (both sides import this module): an
+HMAC, keyed per node from the secret key, over the node, the task attempt,
+the port, a timestamp and a nonce. The forwarder's port is advertised in
+the cache while it runs (forward_port_of).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.core import signing
 from django.core.cache import cache
+from django.utils.crypto import salted_hmac
 from django.utils.encoding import iri_to_uri
 
 from jobs.models import TaskAttempt, TaskState, User
@@ -43,6 +54,13 @@ COOKIE_NAME = "pai_webport"
 _TICKET_SALT = "jobs.webports.ticket"
 _COOKIE_SALT = "jobs.webports.cookie"
 _HOST_RE = re.compile(r"t(\d{1,18})-(\d{1,5})")
+# A forward proof is good this long either side of its timestamp (clocks of
+# the portal and its nodes differ a little), once.
+FORWARD_PROOF_SECONDS = 30
+FORWARD_GREETING = "PAI-WEBFORWARD/1"
+_FORWARD_KEY_SALT = "jobs.webports.forward-key:"
+_PROOF_RE = re.compile(
+    r"PAI-WEBFORWARD/1 ([A-Za-z0-9_.-]{1,64}) (\d{1,18}) (\d{1,5}) (\d{1,16}) ([0-9a-f]{32}) ([0-9a-f]{64})\n")
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,9 @@ class WebPortTarget:
     attempt_id: int
     port: int
     label: str
-    address: str  # the node's loopback address the port is published on
+    node_name: str
+    node_address: str  # where the node's forwarder listens (the node's address)
+    forward_port: int | None  # the forwarder's port; None while the node's agent is away
 
     @property
     def tls(self) -> bool:
@@ -120,13 +140,21 @@ def web_port_target(*, user: User, attempt_id: int, port: int) -> WebPortTarget 
     """Where to forward, if `user` may use this port now; None otherwise."""
     if not user.is_active:
         return None
-    attempt = TaskAttempt.objects.select_related("job").filter(pk=attempt_id, state=TaskState.RUNNING).first()
-    if attempt is None or not attempt.container_id:
+    attempt = TaskAttempt.objects.select_related("job", "node").filter(pk=attempt_id, state=TaskState.RUNNING).first()
+    if attempt is None or not attempt.container_id or attempt.node is None:
         return None
     label = web_ports(attempt).get(port)
     if label is None or not (attempt.job.owner_id == user.pk or user.is_admin):
         return None
-    return WebPortTarget(attempt_id=attempt.pk, port=port, label=label, address=settings.NODE_WEB_PORT_ADDRESS)
+    return WebPortTarget(attempt_id=attempt.pk, port=port, label=label, node_name=attempt.node.name,
+                         node_address=attempt.node.address, forward_port=forward_port_of(attempt.node.name))
+
+
+def web_port_on_node(*, node_name: str, attempt_id: int, port: int) -> bool:
+    """The node's own check before it forwards: is `port` a web port of a
+    task attempt running on this node now?"""
+    attempt = TaskAttempt.objects.filter(pk=attempt_id, node__name=node_name, state=TaskState.RUNNING).first()
+    return attempt is not None and bool(attempt.container_id) and port in web_ports(attempt)
 
 
 def _auth_tag(user: User) -> str:
@@ -200,3 +228,73 @@ def web_port_enter_url(*, user: User, attempt_id: int, port: int, next_path: str
     default = "443" if secure else "80"
     authority = TaskHost(attempt_id, port).name + (f":{port_part}" if port_part and port_part != default else "")
     return f"{'https' if secure else 'http'}://{authority}{ENTER_PATH}?ticket={ticket}"
+
+
+# ----------------------------------------------------------- forward proofs
+
+
+@dataclass(frozen=True)
+class ForwardRequest:
+    """What a valid forward proof asks a node's forwarder for."""
+
+    node_name: str
+    attempt_id: int
+    port: int
+    issued_ms: int  # Unix time in milliseconds, by the portal's clock
+    nonce: str
+
+
+def _forward_mac(request: ForwardRequest, secret: str) -> str:
+    # The key is the node's own (derived from the secret key and its name),
+    # and the node is in the message too: a proof is good at one node only.
+    message = (f"{FORWARD_GREETING} {request.node_name} {request.attempt_id} {request.port} "
+               f"{request.issued_ms} {request.nonce}")
+    return salted_hmac(_FORWARD_KEY_SALT + request.node_name, message, secret=secret, algorithm="sha256").hexdigest()
+
+
+def forward_proof_line(*, node_name: str, attempt_id: int, port: int, now_ms: int | None = None) -> bytes:
+    """The first line the portal sends to a node's forwarder (made at
+    `now_ms`, by default now)."""
+    issued_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    request = ForwardRequest(node_name, attempt_id, port, issued_ms, secrets.token_hex(16))
+    mac = _forward_mac(request, settings.SECRET_KEY)
+    return (f"{FORWARD_GREETING} {request.node_name} {request.attempt_id} {request.port} {request.issued_ms} "
+            f"{request.nonce} {mac}\n").encode("ascii")
+
+
+def forward_proof_read(line: bytes, *, node_name: str, now_ms: int) -> ForwardRequest | None:
+    """The request a proof line carries, if it is well formed, for this
+    node, fresh, and signed with the secret key (or one of its fallbacks,
+    while the key is rotated); None otherwise. Whether it was used already
+    is the forwarder's to check (its nonce)."""
+    match = _PROOF_RE.fullmatch(line.decode("ascii", errors="replace"))
+    if match is None or match.group(1) != node_name:
+        return None
+    request = ForwardRequest(match.group(1), int(match.group(2)), int(match.group(3)), int(match.group(4)),
+                             match.group(5))
+    if abs(now_ms - request.issued_ms) > FORWARD_PROOF_SECONDS * 1000:
+        return None
+    secrets_known = [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
+    if not any(hmac.compare_digest(_forward_mac(request, key), match.group(6)) for key in secrets_known):
+        return None
+    return request
+
+
+def _forward_port_key(node_name: str) -> str:
+    return f"{settings.PAI_INSTANCE}:web-forward-port:{node_name}"
+
+
+def forward_port_advertise(*, node_name: str, port: int, seconds: float) -> None:
+    """The node's forwarder listens on `port` (said again before it expires)."""
+    cache.set(_forward_port_key(node_name), port, timeout=max(1, int(seconds)))
+
+
+def forward_port_withdraw(*, node_name: str, port: int) -> None:
+    if cache.get(_forward_port_key(node_name)) == port:
+        cache.delete(_forward_port_key(node_name))
+
+
+def forward_port_of(node_name: str) -> int | None:
+    """Where the node's forwarder listens, None if its agent is away."""
+    port = cache.get(_forward_port_key(node_name))
+    return port if isinstance(port, int) else None

@@ -10,10 +10,11 @@ models or other Django app code at import time.
 
 Used by the job services and the node runner (keep these names):
 
-    StorageError, StorageAccessDenied, StorageNotFound
+    StorageError, StorageAccessDenied, StorageNotFound, StorageUnavailable (try again later)
     check_job_paths(*, user_name, is_admin, spec) -> [(field, message)]
     ensure_output_dir(*, user_name, uri)
     stage_tree(uri, dest, *, max_bytes) -> bytes copied
+    stage_data(uri, dest, *, max_bytes) -> (bytes, copied?)
     upload_tree(src, uri) -> bytes copied (within the owner's quota)
     room_at(uri) -> (bytes, files) the owner of uri may still store, or None
     read_small_file(uri, *, max_bytes) -> bytes
@@ -36,8 +37,9 @@ from django.conf import settings
 
 from jobs.storage import paths, quota
 from jobs.storage.access import Reader, check_read, check_write, may_write
-from jobs.storage.base import Backend, Entry
-from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded
+from jobs.storage.base import CHUNK, Backend, Entry
+from jobs.storage.errors import (StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded,
+                                 StorageUnavailable)
 from jobs.storage.registry import storage_for_backend
 
 if TYPE_CHECKING:
@@ -45,9 +47,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend", "Entry", "Reader", "StorageAccessDenied", "StorageError", "StorageNotFound", "StorageQuotaExceeded",
+    "StorageUnavailable",
     "backend", "backend_for", "canonical_uri", "check_job_paths", "ensure_home", "ensure_output_dir", "locate",
     "parse_auth_file",
-    "read_small_file", "reader_for", "room_at", "stage_tree", "to_uri", "upload_tree",
+    "read_small_file", "reader_for", "room_at", "stage_data", "stage_tree", "to_uri", "upload_tree",
 ]
 
 _lock = threading.Lock()
@@ -170,6 +173,28 @@ def stage_tree(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = 
     cache). With local storage the node reads STORAGE_LOCAL_ROOT directly:
     portal and nodes share one machine."""
     return backend_for(reader).download_tree(locate(uri, user_name=user_name), dest, max_bytes=max_bytes)
+
+
+def stage_data(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = None,
+               reader: Reader | None = None) -> tuple[int, bool]:
+    """Copy dataDir (a folder's contents, or one file) into the local folder
+    `dest` when it holds at most `max_bytes`: (bytes, True). A bigger one is
+    not copied: (its size, False). StorageNotFound when it is missing."""
+    store = backend_for(reader)
+    path = locate(uri, user_name=user_name)
+    entry = store.require(path)
+    size = store.usage(path)[0] if entry.is_dir else entry.size  # one request on HDFS (content summary)
+    if size > max_bytes:
+        return size, False
+    if entry.is_dir:
+        return store.download_tree(path, dest, max_bytes=max_bytes), True
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    with store.open_read(path, entry=entry) as source, open(dest / entry.name, "wb") as out:
+        while chunk := source.read(CHUNK):
+            copied += len(chunk)
+            out.write(chunk)
+    return copied, True
 
 
 def upload_tree(src: Path, uri: str, *, user_name: str | None = None, reader: Reader | None = None) -> int:

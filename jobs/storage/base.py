@@ -20,6 +20,25 @@ from jobs.storage.errors import StorageError, StorageNotFound
 CHUNK = 1024 * 1024
 
 
+# Temporary names (a streamed upload before it is moved into place, a local
+# write before its rename): hidden from listings by every backend.
+PARTIAL_PREFIX = ".pai-upload-"
+
+
+class Sink(ABC):
+    """A new file written piece by piece (a streamed upload). `finish` makes
+    it whole and returns its size; `abort` removes what was written."""
+
+    @abstractmethod
+    def write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def finish(self) -> int: ...
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Entry:
     """A file or folder: what a listing row and a stat show."""
@@ -65,6 +84,16 @@ class Backend(ABC):
     def delete(self, path: str, *, recursive: bool = False) -> bool:
         """Remove a file or folder; False when nothing was there."""
 
+    @abstractmethod
+    def open_sink(self, path: str) -> Sink:
+        """Start writing a new file at `path` (its folder exists, the name is
+        fresh): a streamed upload, stored as it arrives."""
+
+    @abstractmethod
+    def rename(self, source: str, target: str, *, overwrite: bool) -> None:
+        """Move the file `source` to `target` (its parents made); replace a
+        file there only with `overwrite`."""
+
     # ------------------------------------------- storage that knows its users
 
     def as_user(self, name: str) -> Backend:
@@ -107,10 +136,10 @@ class Backend(ABC):
             raise StorageError(f"{path} already exists")
         return self._write(path, stream, overwrite=overwrite)
 
-    def iter_bytes(self, path: str, *, entry: Entry | None = None) -> Iterator[bytes]:
+    def iter_bytes(self, path: str, *, entry: Entry | None = None, chunk_size: int = CHUNK) -> Iterator[bytes]:
         """The file's content in chunks (for streamed downloads)."""
         with self.open_read(path, entry=entry) as stream:
-            while chunk := stream.read(CHUNK):
+            while chunk := stream.read(chunk_size):
                 yield chunk
 
     def walk(self, path: str) -> Iterator[tuple[str, Entry]]:

@@ -16,3 +16,8 @@ class StorageNotFound(StorageError):
 
 class StorageQuotaExceeded(StorageError):
     """A write would take a user past their storage quota (quota.py)."""
+
+
+class StorageUnavailable(StorageError):
+    """The storage did not answer (refused, timed out) or cannot take writes
+    yet (HDFS safe mode): worth trying again later, unlike the others."""

@@ -18,12 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from jobs.storage.base import CHUNK, Backend, Entry
+from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry, Sink
 from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
 from jobs.storage.paths import join
 from jobs.storage.registry import StorageKind, register_storage
 
-PARTIAL_PREFIX = ".pai-upload-"
 FILE_MODE = 0o640
 FOLDER_MODE = 0o750
 
@@ -111,6 +110,29 @@ class LocalBackend(Backend):
                 os.unlink(temp)
         return size
 
+    def open_sink(self, path: str) -> Sink:
+        real = self._real(path)
+        try:
+            return _FileSink(open(real, "xb"), real)
+        except OSError as exc:
+            raise _error(path, exc) from None
+
+    def rename(self, source: str, target: str, *, overwrite: bool) -> None:
+        real_source, real_target = self._real(source), self._real(target)
+        self.mkdir(target.rsplit("/", 1)[0] or "/")
+        try:
+            if real_target.is_dir():
+                raise StorageError(f"{target} is a folder; a file cannot replace it")
+            if overwrite:
+                os.replace(real_source, real_target)
+            else:
+                os.link(real_source, real_target)  # fails if someone made it meanwhile
+                os.unlink(real_source)
+        except FileExistsError:
+            raise StorageError(f"{target} already exists") from None
+        except OSError as exc:
+            raise _error(target, exc) from None
+
     def usage(self, path: str) -> tuple[int, int]:
         """One walk with os.scandir (no symlinks followed), summing sizes."""
         total = files = 0
@@ -156,6 +178,24 @@ class LocalBackend(Backend):
                 raise StorageError(f"{path} is not empty") from None
             raise _error(path, exc) from None
         return True
+
+
+class _FileSink(Sink):
+    def __init__(self, out: BinaryIO, real: Path) -> None:
+        self._out, self._real, self._size = out, real, 0
+
+    def write(self, data: bytes) -> None:
+        self._out.write(data)
+        self._size += len(data)
+
+    def finish(self) -> int:
+        self._out.close()
+        os.chmod(self._real, FILE_MODE)
+        return self._size
+
+    def abort(self) -> None:
+        self._out.close()
+        self._real.unlink(missing_ok=True)
 
 
 def _error(path: str, exc: OSError) -> StorageError:

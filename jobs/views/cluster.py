@@ -8,8 +8,10 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from jobs import services
-from jobs.models import ACTIVE_TASK_STATES, TaskAttempt, VirtualCluster
+from jobs.models import ACTIVE_TASK_STATES, Node, TaskAttempt, VirtualCluster
 from jobs.services import limits
+from jobs.services.nodes import engine_identity_conflicts, node_display_state
+from jobs.views.nodes import join_panel_context
 
 TASKS_LISTED_PER_NODE = 8
 
@@ -33,5 +35,9 @@ def nodes(request: HttpRequest) -> HttpResponse:
               .only("node_id", "state", "task__role", "task__index", "job__name").order_by("id"))
     for attempt in active:
         tasks.setdefault(attempt.node_id, []).append(attempt)
-    rows = [(u, tasks.get(u.node.pk, [])[:TASKS_LISTED_PER_NODE]) for u in usage]
-    return render(request, "jobs/nodes.html", {"rows": rows})
+    rows = [(u, tasks.get(u.node.pk, [])[:TASKS_LISTED_PER_NODE], node_display_state(u.node, u.running_tasks))
+            for u in usage]
+    return render(request, "jobs/nodes.html", {
+        "rows": rows, "engine_warnings": engine_identity_conflicts([u.node for u in usage]),
+        "join": join_panel_context(request), "drain_modes": Node.DrainMode,
+    })

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from jobs import services
 from jobs.models import Job, JobAttempt, State, Stream, Task, TaskAttempt
-from jobs.services import access, listing, tags
+from jobs.services import access, listing, tags, usage
 from jobs.services.storage_links import job_storage_links
 from jobs.spec import TaskRoleSpec, protocol_of
 
@@ -36,7 +36,8 @@ def _list_context(request: HttpRequest, *, with_count: bool = True) -> dict:
     filters = listing.filters_from(request.GET, viewer=request.user)
     page = listing.job_list_page(filters, viewer=request.user, number=listing.page_number(request.GET.get("page")),
                                  with_count=with_count)
-    return {"filters": filters, "page": page, "jobs": page.jobs, "ALL_USERS": listing.ALL_USERS}
+    return {"filters": filters, "page": page, "jobs": page.jobs, "ALL_USERS": listing.ALL_USERS,
+            "idle_jobs": usage.idle_job_ids(job.pk for job in page.jobs)}
 
 
 @require_GET
@@ -177,7 +178,19 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context["streams"] = [(s.label, s.label) for s in Stream]
     context["log_stream"] = request.GET.get("stream") if request.GET.get("stream") in Stream.labels else "stdout"
     context["log_attempt"] = request.GET.get("log", "")
+    context.update(_usage_context(job))
     return render(request, "jobs/detail.html", context)
+
+
+def _usage_context(job: Job) -> dict:
+    """What the usage panel needs; its graphs read the REST API (v2 .../metrics)."""
+    return {
+        "usage_metrics_url": reverse("api-v2:job_metrics", kwargs={"username": job.owner.username, "name": job.name}),
+        "usage_sample_seconds": usage.sample_seconds(),
+        "usage_simulated_gpus": job.task_attempts.filter(number=job.attempt_number, node__gpus_simulated=True)
+        .exclude(gpus=[]).exists(),
+        "usage_idle_tasks": usage.idle_tasks_of(job),
+    }
 
 
 @require_GET

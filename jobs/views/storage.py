@@ -2,9 +2,9 @@
 
 Paths arrive as `?path=` (a storage path, a file:// or hdfs:// URI, or a path
 relative to the user's home) and are checked by jobs.storage.files for the
-signed-in user. Uploads are streamed by Django's upload handlers to temporary
-files (FILE_UPLOAD_MAX_MEMORY_SIZE) and copied to storage in chunks;
-downloads stream in chunks too.
+signed-in user. Uploads go to storage as the body arrives, with no temporary
+file on the portal's disk (jobs/storage/uploads.py); downloads stream in
+large chunks.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs import storage
 from jobs.services.storage_links import folder_url
 from jobs.storage import access, files, paths
 from jobs.storage.access import Reader
+from jobs.storage.uploads import Staging, StorageUploadHandler
 
 USE_AS_FIELDS = ("codeDir", "dataDir", "outputDir")
 
@@ -42,6 +44,8 @@ def _status(exc: storage.StorageError) -> int:
         return 403
     if isinstance(exc, storage.StorageNotFound):
         return 404
+    if isinstance(exc, storage.StorageUnavailable):
+        return 503
     return 400
 
 
@@ -90,31 +94,55 @@ def make_folder(request: HttpRequest) -> HttpResponse:
     return _back(folder)
 
 
+@csrf_exempt  # checked in _upload: the check reads the body, which must meet our handler first
 @require_POST
 def upload(request: HttpRequest) -> HttpResponse:
-    """Files in `files`; with a folder upload, their relative paths in
-    `names` (same order), since Django keeps only a file name's last part."""
-    uploaded = request.FILES.getlist("files")
+    """Files in `files`, stored as they arrive (jobs/storage/uploads.py);
+    with a folder upload, their relative paths in `names` (same order), since
+    Django keeps only a file name's last part."""
+    wants_json = request.headers.get("Accept", "").startswith("application/json")
+    try:
+        staging = files.upload_staging(_reader(request))
+    except storage.StorageError as exc:
+        return _upload_refused(request, exc, "/", wants_json=wants_json)
+    handler = StorageUploadHandler(request, staging)
+    request.upload_handlers = [handler]
+    try:
+        response = _upload(request, staging, wants_json=wants_json)
+    except BaseException:
+        handler.upload_interrupted()
+        staging.discard()
+        raise
+    staging.discard()  # what was not moved into place (all of it, when refused)
+    return response
+
+
+@csrf_protect
+def _upload(request: HttpRequest, staging: Staging, *, wants_json: bool) -> HttpResponse:
+    uploaded = request.FILES.getlist("files")  # reads the body: the files go to storage now
     names = request.POST.getlist("names")
     if len(names) != len(uploaded):
         names = [f.name for f in uploaded]
-    wants_json = request.headers.get("Accept", "").startswith("application/json")
     folder = request.POST.get("path", "")
     try:
+        if staging.error is not None:
+            raise staging.error
         folder = _locate(request, folder)
         saved = files.files_save(_reader(request), folder, list(zip(names, uploaded)),
                                  overwrite=request.POST.get("overwrite") == "1")
     except storage.StorageError as exc:
-        if wants_json:
-            return JsonResponse({"error": str(exc)}, status=_status(exc))
-        messages.error(request, f"Upload refused: {exc}")
-        return _back(folder or "/")
-    finally:
-        for item in uploaded:
-            item.close()  # removes Django's temporary file now, not at GC
+        return _upload_refused(request, exc, folder or "/", wants_json=wants_json)
+    staging.files.clear()  # moved into place: nothing left to discard
     if wants_json:
         return JsonResponse({"saved": saved})
     messages.success(request, f"Uploaded {len(saved)} file(s).")
+    return _back(folder)
+
+
+def _upload_refused(request: HttpRequest, exc: storage.StorageError, folder: str, *, wants_json: bool) -> HttpResponse:
+    if wants_json:
+        return JsonResponse({"error": str(exc)}, status=_status(exc))
+    messages.error(request, f"Upload refused: {exc}")
     return _back(folder)
 
 

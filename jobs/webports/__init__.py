@@ -7,5 +7,7 @@ HTTP and WebSocket alike. Who may, and the ticket and cookie that carry
 the sign-in to that host, are jobs/services/webports.py; this package only
 routes by Host (app.HostRouter, mounted in portal/asgi.py), checks, and
 forwards (forward_http.py, forward_ws.py) without passing any credential of
-the portal's to the job (headers.py). SECURITY.md, "Web ports", has the why.
+the portal's to the job (headers.py), always through the node agent's
+forwarder (node_link.py; jobs/node/webforward.py on the node). SECURITY.md,
+"Web ports", has the why.
 """

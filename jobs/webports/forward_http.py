@@ -1,10 +1,10 @@
 """One HTTP request through to a task's web port, streamed both ways.
 
 A plain HTTP/1.1 client (h11, which uvicorn already uses) over one
-connection per request: the job is on the node's loopback, so a connection
-costs little, and nothing is pooled between users. Bodies pass piece by
-piece with the event loop's back-pressure, never whole in memory; a client
-that goes away ends the exchange (uvicorn's send does not say so).
+connection per request, through the node's forwarder (node_link.py):
+nothing is pooled between users. Bodies pass piece by piece with the event
+loop's back-pressure, never whole in memory; a client that goes away ends
+the exchange (uvicorn's send does not say so).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import h11
 
 from jobs.services.webports import WebPortTarget
 from jobs.webports import headers as hdrs
+from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_socket
 
-CONNECT_SECONDS = 10
 READ_BYTES = 64 * 1024
 
 
@@ -46,12 +46,18 @@ class _ClientGone(Exception):
 
 async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: WebPortTarget) -> None:
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(target.address, target.port, ssl=job_tls_context() if target.tls else None),
-            CONNECT_SECONDS)
-    except (OSError, asyncio.TimeoutError):
-        await plain_response(send, 502, "The task's web port does not answer (yet): is its app listening on "
-                                        "0.0.0.0 at that port?")
+        sock = await open_task_socket(target)
+    except NodeRefused as refused:
+        await plain_response(send, 502, f"The task's web port cannot be reached: {refused}. Is its app listening "
+                                        "on 0.0.0.0 at that port?")
+        return
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            sock=sock, ssl=job_tls_context() if target.tls else None,
+            server_hostname=target.node_address if target.tls else None), CONNECT_SECONDS)
+    except (OSError, asyncio.TimeoutError, ssl.SSLError):
+        sock.close()
+        await plain_response(send, 502, "The task's web port did not complete a TLS handshake.")
         return
     try:
         await _exchange(scope, receive, send, reader, writer)

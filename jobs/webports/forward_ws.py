@@ -1,18 +1,18 @@
 """One WebSocket through to a task's web port (Jupyter's kernels,
 TensorBoard, ...), message by message, for as long as the user may use it.
 
-The connection to the job is made to the node's loopback address, but the
-handshake names the task host (Host, and the browser's own Origin), so an
-app that checks its Origin against its Host (Jupyter does) sees a
-consistent pair. While it is open the user's right is checked again every
-RECHECK_SECONDS: a stopped task or a deactivated user closes it.
+The connection to the job goes through the node's forwarder
+(node_link.py), but the handshake names the task host (Host, and the
+browser's own Origin), so an app that checks its Origin against its Host
+(Jupyter does) sees a consistent pair. While it is open the user's right
+is checked again every RECHECK_SECONDS: a stopped task or a deactivated
+user closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,7 +21,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from jobs.services.webports import WebPortTarget
 from jobs.webports import headers as hdrs
-from jobs.webports.forward_http import CONNECT_SECONDS, job_tls_context
+from jobs.webports.forward_http import job_tls_context
+from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_socket
 
 RECHECK_SECONDS = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # uvicorn's own limit for messages from browsers
@@ -34,26 +35,23 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
 
 
 async def _open(scope: dict[str, Any], target: WebPortTarget) -> ClientConnection:
-    loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_INET6 if ":" in target.address else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    try:
-        await asyncio.wait_for(loop.sock_connect(sock, (target.address, target.port)), CONNECT_SECONDS)
-    except BaseException:
-        sock.close()
-        raise
+    sock = await open_task_socket(target)
     path = scope.get("raw_path") or scope["path"].encode()
     query = b"?" + scope["query_string"] if scope.get("query_string") else b""
     uri = f"{'wss' if target.tls else 'ws'}://{_header(scope, b'host')}{(path + query).decode('latin-1')}"
     client = (scope.get("client") or ("", 0))[0]
     origin = _header(scope, b"origin")
     headers = hdrs.to_job(scope["headers"], client=client, scheme=scope.get("scheme", "ws"), websocket=True)
-    return await connect(
-        uri, sock=sock, ssl=job_tls_context() if target.tls else None, origin=origin,  # type: ignore[arg-type]
-        additional_headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers],
-        subprotocols=scope.get("subprotocols") or None, user_agent_header=None, compression=None,
-        open_timeout=CONNECT_SECONDS, max_size=MAX_MESSAGE_BYTES, proxy=None,
-    )
+    try:
+        return await connect(
+            uri, sock=sock, ssl=job_tls_context() if target.tls else None, origin=origin,  # type: ignore[arg-type]
+            additional_headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers],
+            subprotocols=scope.get("subprotocols") or None, user_agent_header=None, compression=None,
+            open_timeout=CONNECT_SECONDS, max_size=MAX_MESSAGE_BYTES, proxy=None,
+        )
+    except BaseException:
+        sock.close()
+        raise
 
 
 async def forward_websocket(scope: dict[str, Any], receive: Any, send: Any, target: WebPortTarget,
@@ -62,7 +60,7 @@ async def forward_websocket(scope: dict[str, Any], receive: Any, send: Any, targ
         return
     try:
         upstream = await _open(scope, target)
-    except (OSError, asyncio.TimeoutError, InvalidHandshake, InvalidStatus):
+    except (NodeRefused, OSError, asyncio.TimeoutError, InvalidHandshake, InvalidStatus):
         await send({"type": "websocket.close", "code": CLOSE_UNREACHABLE})
         return
     await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})

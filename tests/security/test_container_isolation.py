@@ -118,3 +118,20 @@ def test_it_installs_the_firewall_while_an_agent_runs_and_removes_it_when_it_sto
     cluster.start_agent("t-node-fw", ports=cluster.port_range(5), gpus=1, gpu_type="FWTEST")
     assert killed_owner not in firewall.installed_owners()
     cluster.agent("t-node-fw").stop()
+
+
+def test_two_agents_sweeping_one_stale_copy_both_succeed(cluster):
+    """Agents starting together each remove the rules of a dead agent; the
+    one that comes second finds them gone, which must not stop it (seen: an
+    agent refusing to start with `iptables -D ... Bad rule`)."""
+    dead_owner = f"{socket.gethostname()}:999999999"
+    listed = []
+    for chain, rule in firewall._rules(dead_owner):
+        firewall._iptables("-A", chain, *rule)
+        listed += [(chain, line) for c, line in firewall._our_lines() if c == chain and dead_owner in line
+                   and (chain, line) not in listed]
+    assert firewall.installed_owners().get(dead_owner) == len(firewall._rules(dead_owner))
+    firewall.remove(dead_owner)  # the first agent's sweep
+    for chain, line in listed:  # the second agent's sweep, listed before the first one deleted them
+        firewall._delete(chain, line)
+    assert dead_owner not in firewall.installed_owners()

@@ -128,3 +128,37 @@ def test_it_opens_keys_sealed_before_a_rotation_and_plaintext_rows_from_before(s
         keys.open_private_key(sealed)
     assert keys.open_private_key(pem) == pem  # a row stored before keys were sealed
     assert keys.open_private_key("") == ""
+
+
+def test_reseal_secrets_seals_plaintext_rows_and_rows_of_an_old_key(settings, alice):
+    """Rows stored before sealing stayed plain text, and a rotation left rows
+    that open only with a fallback key: `manage.py reseal_secrets` seals
+    them all under the current key, so the fallback can be dropped."""
+    from django.core.management import CommandError, call_command
+
+    plain_pem, _ = keys.new_key_pair("plain")
+    old_pem, _ = keys.new_key_pair("old")
+    plain = submit(alice, config("plain-key", role(command="true")))
+    old = submit(alice, config("old-key", role(command="true")))
+    sealed_under_old = keys.seal_private_key(old_pem)
+    Job.objects.filter(pk=plain.pk).update(ssh_private_key=plain_pem, secrets_sealed='{"token": "s3"}')
+    Job.objects.filter(pk=old.pk).update(ssh_private_key=sealed_under_old)
+    old_secret = settings.SECRET_KEY
+    settings.SECRET_KEY = "the-rotated-secret-key-" + "z" * 50
+    settings.SECRET_KEY_FALLBACKS = [old_secret]
+
+    call_command("reseal_secrets", verbosity=0)
+    settings.SECRET_KEY_FALLBACKS = []  # the old key dropped, as the command's help says
+    plain.refresh_from_db()
+    old.refresh_from_db()
+    assert plain.ssh_private_key.startswith(keys.SEALED_PREFIX) and keys.open_private_key(plain.ssh_private_key) == plain_pem
+    assert keys.open_secrets(plain.secrets_sealed) == {"token": "s3"}
+    assert keys.open_private_key(old.ssh_private_key) == old_pem
+    assert keys.resealed(old.ssh_private_key) is None  # a second run changes nothing
+
+    # A value no key opens is reported, named, and left as it was.
+    Job.objects.filter(pk=old.pk).update(ssh_private_key=sealed_under_old)
+    with pytest.raises(CommandError, match="PORTAL_SECRET_KEY_FALLBACKS"):
+        call_command("reseal_secrets", verbosity=0, stderr=io.StringIO())
+    old.refresh_from_db()
+    assert old.ssh_private_key == sealed_under_old

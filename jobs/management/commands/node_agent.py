@@ -23,7 +23,7 @@ from jobs.node import launcher
 from jobs.node.agent import AgentConflict, NodeAgent
 from jobs.models import node_name_validator
 from jobs.services import NodeInfo
-from jobs.services.nodes import node_address_clash, node_address_warning
+from jobs.services.nodes import engine_conflicts_of, node_address_clash, node_address_warning
 
 
 def detect_gpus() -> list[dict]:
@@ -116,6 +116,7 @@ class Command(BaseCommand):
         try:
             engine = launcher.engine_for(options["docker_host"])
             engine_info = engine.info()
+            marker = engine.engine_marker()
         except Exception as exc:
             raise CommandError(f"no Docker engine at {options['docker_host']}: {exc}") from None
         if options["gpus"]:
@@ -127,6 +128,7 @@ class Command(BaseCommand):
             engine_id=engine_info.id, cpus=options["cpus"] or os.cpu_count() or 1,
             memory_mb=options["memory_mb"] or memory_mb(), gpus=gpus, gpus_simulated=bool(options["gpus"]),
             port_start=start, port_end=end, agent_pid=os.getpid(), agent_host=socket.gethostname(),
+            engine_marker=marker,
         )
         agent = NodeAgent(info, engine, engine_cpus=engine_info.cpus)
         try:
@@ -135,7 +137,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         kind = "simulated " if info.gpus_simulated else ""
         self.stdout.write(f"node {info.name} ready: {info.cpus} CPUs, {info.memory_mb} MB, "
-                          f"{len(gpus)} {kind}GPUs, ports {start}-{end}, engine {engine_info.name}")
+                          f"{len(gpus)} {kind}GPUs, ports {start}-{end}, engine {engine_info.name} "
+                          f"(marker {marker[:8]})")
+        for warning in engine_conflicts_of(info.name):
+            self.stderr.write(f"WARNING: {warning}")
         self.stdout.flush()
         try:
             agent.work()

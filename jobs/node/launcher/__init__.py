@@ -25,6 +25,10 @@ LABEL_JOB_ATTEMPT = "pai.job-attempt"
 LABEL_TASK_ATTEMPT = "pai.task-attempt"
 LABEL_TASK = "pai.task"
 LABEL_OWNER = "pai.user"
+# The engine's own identity (see Engine.engine_marker): a volume of this
+# name, labelled with a random UUID, made by the first agent on the engine.
+ENGINE_MARKER_NAME = "pai-engine-marker"
+LABEL_ENGINE_MARKER = "pai.engine-marker"
 
 
 class LaunchError(Exception):
@@ -81,6 +85,7 @@ class ContainerSpec:
     extra_hosts: dict[str, str] = field(default_factory=dict)
     gpu_device_ids: list[str] = field(default_factory=list)
     code_dir: str = ""  # host folder mounted read-only at /pai/code
+    data_dir: str = ""  # host folder mounted read-only at /pai/data (a copy of dataDir)
     pids_limit: int = 4096
     # Files copied in before the start: {"pai/ssh/peers.conf": (content, mode)}.
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
@@ -101,14 +106,51 @@ class ContainerState:
     labels: dict[str, str]
 
 
+@dataclass(frozen=True)
+class ContainerUsage:
+    """A container's resource counters at one moment, as the kernel keeps
+    them: CPU time and I/O only grow, so rates come from two readings."""
+
+    cpu_ns: int  # CPU time used since the container started
+    memory_bytes: int  # in use, less the page cache the kernel may reclaim (as `docker stats`)
+    network_rx_bytes: int
+    network_tx_bytes: int
+    block_read_bytes: int
+    block_write_bytes: int
+
+
+class LogStream(Protocol):
+    """One container's followed logs (both streams), read without blocking."""
+
+    ended: bool  # no more entries will come (the container stopped, or the connection broke)
+
+    def fileno(self) -> int:
+        """What to select on: readable when `read` has something (or the end)."""
+
+    def read(self) -> list[tuple[int, int, bytes]]:
+        """(stream: 1 stdout / 2 stderr, timestamp in ns since the epoch,
+        payload) of each entry that arrived, in order; never blocks. A long
+        line may come as several entries; only the last ends in a newline."""
+
+    def close(self) -> None: ...
+
+
 class Engine(Protocol):
     """One container engine. Safe to share between threads: the node agent
-    calls it from its worker, its reconcile loop and one thread per log
-    stream at once."""
+    calls it from its worker, its reconcile loop and its task helpers at once."""
 
     def info(self) -> EngineInfo:
         """The engine's id (the same for every node agent on this engine),
         name, CPUs and memory. Raises if the engine cannot be reached."""
+
+    def engine_marker(self) -> str:
+        """This engine's own identity, which decides whether two nodes share
+        an engine (and so a job network's addresses): a random UUID kept in
+        the engine itself, made by the first agent that asks, the same for
+        every agent on this engine. Unlike `info().id` (from the host's
+        /etc/docker/key.json) it does not collide between cloned machines,
+        unless the engine's data itself was copied. Raises if the engine
+        cannot be reached."""
 
     def close_thread_client(self) -> None:
         """Drop what the calling thread holds open (a thread about to end
@@ -184,12 +226,17 @@ class Engine(Protocol):
     def containers(self, labels: dict[str, str]) -> list[ContainerState]:
         """Every container, running or stopped, carrying all of `labels`."""
 
-    def follow_logs(self, container_id: str, stream: int, *, since_ns: int = 0) -> Iterator[tuple[int, bytes]]:
-        """(timestamp in ns since the epoch, payload) of each log entry of
-        stdout (1) or stderr (2), from `since_ns` (entries at or after it,
-        possibly some before: the caller skips what it stored) until the
-        container stops or the connection breaks. A long line may come as
-        several entries; only the last ends in a newline."""
+    def usage(self, container_ids: list[str]) -> dict[str, ContainerUsage]:
+        """The counters of each running container of `container_ids` (one
+        cheap read each, no stream); those that cannot be read are left out."""
+
+    def open_logs(self, container_id: str, *, since_ns: int = 0, follow: bool = True) -> LogStream:
+        """Both of the container's log streams, from `since_ns` (entries at
+        or after it, possibly some before: the caller skips what it stored),
+        until the container stops or the connection breaks (`follow`), or
+        until the end of what is stored now. Returns at once; the node's one
+        log thread reads it when it is readable. A container that does not
+        exist gives a stream that ends with nothing."""
 
     def exec_status(self, container_id: str, command: list[str]) -> int | None:
         """Exit code of a short command run in the running container; None

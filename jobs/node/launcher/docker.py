@@ -16,6 +16,7 @@ import socket
 import tarfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -26,24 +27,12 @@ import requests.exceptions
 from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, LogConfig
 
 from jobs.images import reference_key
-from jobs.node.launcher import ContainerSpec, ContainerState, EngineInfo, LaunchError, RegistryAuth, firewall
+from jobs.node.launcher import ContainerSpec, ContainerState, EngineInfo, LaunchError, LogStream, RegistryAuth, firewall
+from jobs.node.launcher import ENGINE_MARKER_NAME, LABEL_ENGINE_MARKER
+from jobs.node.launcher.docker_logs import SocketLogStream, logs_request
+from jobs.node.launcher import ContainerUsage, cgroups
 
 PROLOGUE = (Path(__file__).with_name("prologue.sh")).read_text()
-
-
-_TS_RE = re.compile(rb"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z ")
-
-
-def parse_log_timestamp(frame: bytes) -> tuple[int, bytes]:
-    """Split a `timestamps=true` log frame into (ns since epoch, payload)."""
-    match = _TS_RE.match(frame)
-    if match is None:
-        return 0, frame
-    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-    fraction = (match.group(7) or b"0").ljust(9, b"0")
-    moment = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
-    seconds = int(moment.timestamp())
-    return seconds * 1_000_000_000 + int(fraction), frame[match.end():]
 
 
 def _docker_time(value: str | None) -> datetime | None:
@@ -74,6 +63,10 @@ class DockerEngine:
         # a launch there costs no look-up; a failed create forgets its network
         # (removed behind our back?) and the next launch looks again.
         self._networks_known: set[str] = set()
+        # Usage sampling: each container's cgroup and init process, found
+        # once (None: not on this machine, ask the stats endpoint instead).
+        self.cgroup_root = cgroups.CGROUP_ROOT
+        self._usage_sources: dict[str, tuple[str, int] | None] = {}
 
     @property
     def api(self) -> docker.APIClient:
@@ -95,6 +88,21 @@ class DockerEngine:
         data = self.api.info()
         return EngineInfo(id=data.get("ID", ""), name=data.get("Name", ""), cpus=int(data.get("NCPU", 1)),
                           memory_bytes=int(data.get("MemTotal", 0)))
+
+    def engine_marker(self) -> str:
+        """A volume is kept with the engine's data and survives restarts;
+        creating one that exists returns it unchanged (its first labels), so
+        agents starting together all read the first one's UUID."""
+        try:
+            labels = self.api.inspect_volume(ENGINE_MARKER_NAME).get("Labels") or {}
+        except docker.errors.NotFound:
+            made = self.api.create_volume(ENGINE_MARKER_NAME, labels={LABEL_ENGINE_MARKER: uuid.uuid4().hex})
+            labels = made.get("Labels") or {}
+        marker = labels.get(LABEL_ENGINE_MARKER, "")
+        if not marker:
+            raise RuntimeError(f"the volume {ENGINE_MARKER_NAME} has no label {LABEL_ENGINE_MARKER}: remove it "
+                               f"(docker volume rm {ENGINE_MARKER_NAME}) and start the agent again")
+        return marker
 
     # ---------------------------------------------------------------- images
 
@@ -212,7 +220,8 @@ class DockerEngine:
             [DeviceRequest(driver="nvidia", device_ids=spec.gpu_device_ids, capabilities=[["gpu"]])]
             if spec.gpu_device_ids else None
         )
-        binds = {spec.code_dir: {"bind": "/pai/code", "mode": "ro"}} if spec.code_dir else None
+        binds = {folder: {"bind": target, "mode": "ro"}
+                 for folder, target in ((spec.code_dir, "/pai/code"), (spec.data_dir, "/pai/data")) if folder} or None
         host_config = self.api.create_host_config(
             nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_mb * 1024 * 1024,
             memswap_limit=spec.memory_mb * 1024 * 1024, shm_size=spec.shm_mb * 1024 * 1024 if spec.shm_mb else None,
@@ -291,16 +300,95 @@ class DockerEngine:
         states = [self.state(s["Id"]) for s in summaries]
         return [s for s in states if s is not None]
 
-    def follow_logs(self, container_id: str, stream: int, *, since_ns: int = 0) -> Iterator[tuple[int, bytes]]:
-        """Yield (timestamp ns, payload) for each log entry of stdout (1) or
-        stderr (2), following until the container stops."""
+    def usage(self, container_ids: list[str]) -> dict[str, ContainerUsage]:
+        """Counters of each container: from its cgroup files when the engine
+        runs on this machine (about 0.1 ms each), else from the stats
+        endpoint (about a second each on Docker 20.10)."""
+        for gone in set(self._usage_sources) - set(container_ids):
+            del self._usage_sources[gone]
+        found = {}
+        for container_id in container_ids:
+            try:
+                reading = self._usage_of(container_id)
+            except (OSError, ValueError, KeyError, docker.errors.APIError, requests.exceptions.RequestException):
+                self._usage_sources.pop(container_id, None)  # stopped or gone: look again next time
+                continue
+            if reading is not None:
+                found[container_id] = reading
+        return found
+
+    def _usage_of(self, container_id: str) -> ContainerUsage | None:
+        if container_id not in self._usage_sources:
+            data = self.api.inspect_container(container_id)
+            if not data["State"].get("Running"):
+                return None
+            full_id, parent = data["Id"], data["HostConfig"].get("CgroupParent") or "docker"
+            group = cgroups.find_group(self.cgroup_root, [f"{parent}/{full_id}", f"system.slice/docker-{full_id}.scope"])
+            self._usage_sources[container_id] = (group, int(data["State"].get("Pid") or 0)) if group else None
+        source = self._usage_sources[container_id]
+        if source is not None:
+            return cgroups.read_usage(self.cgroup_root, *source)
+        return _usage_from_stats(self.api.stats(container_id, stream=False, one_shot=True))
+
+    def open_logs(self, container_id: str, *, since_ns: int = 0, follow: bool = True) -> LogStream:
+        """Both streams of the container's log, followed on a socket of
+        their own, read by the node's one log thread (docker_logs.py). The
+        SDK would give each stream a blocking iterator, and so a thread."""
+        request = logs_request(api_version=self.api._version, container_id=container_id, since_ns=since_ns,
+                               follow=follow)
+        sock = self._raw_connection()
+        if sock is None:
+            return self._relayed_logs(container_id, since_ns, follow)
+        try:
+            sock.sendall(request)
+        except OSError:
+            sock.close()
+            raise
+        return SocketLogStream(sock)
+
+    def _raw_connection(self) -> socket.socket | None:
+        """A plain connection to the engine (unix socket or TCP without TLS);
+        None for the ones only the SDK speaks (TLS, ssh)."""
+        scheme, _, rest = self.base_url.partition("://")
+        if scheme == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: object = "/" + rest.lstrip("/")
+        elif scheme in ("tcp", "http") and not self.api.base_url.startswith("https"):
+            host, _, port = rest.rstrip("/").rpartition(":")
+            sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+            address = (host.strip("[]"), int(port or 2375))
+        else:
+            return None
+        sock.settimeout(self._timeout)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _relayed_logs(self, container_id: str, since_ns: int, follow: bool) -> LogStream:
+        """For TLS and ssh engines: the SDK reads the response in a thread of
+        its own and relays it, as a plain HTTP body, into a socket pair."""
         since = since_ns // 1_000_000_000 if since_ns else None
-        frames = self.api.logs(
-            container_id, stdout=stream == 1, stderr=stream == 2, stream=True, follow=True,
-            timestamps=True, since=since or None,
-        )
-        for frame in frames:
-            yield parse_log_timestamp(frame)
+        response = self.api._get(self.api._url("/containers/{0}/logs", container_id), stream=True, params={
+            "follow": int(follow), "stdout": 1, "stderr": 1, "timestamps": 1, **({"since": since} if since else {})})
+        self.api._raise_for_status(response)
+        ours, theirs = socket.socketpair()
+
+        def relay() -> None:
+            try:
+                theirs.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+                for chunk in response.iter_content(chunk_size=None):
+                    theirs.sendall(chunk)
+            except (OSError, requests.exceptions.RequestException):
+                pass  # the reader closed its end, or the engine dropped the connection: the stream ends
+            finally:
+                theirs.close()
+                response.close()
+
+        threading.Thread(target=relay, name=f"logs-{container_id[:12]}", daemon=True).start()
+        return SocketLogStream(ours)
 
     def exec_status(self, container_id: str, command: list[str]) -> int | None:
         """Exit code of a short command run in the container (None: could not run)."""
@@ -340,6 +428,25 @@ class DockerEngine:
             self.api.exec_resize(exec_id, height=rows, width=cols)
         except (docker.errors.APIError, requests.exceptions.RequestException):
             pass  # the shell is gone or the engine unreachable: the session ends on its own
+
+
+def _usage_from_stats(stats: dict) -> ContainerUsage | None:
+    """The counters in a stats endpoint answer (cgroup v1 or v2 keys)."""
+    cpu = (stats.get("cpu_stats") or {}).get("cpu_usage") or {}
+    memory = stats.get("memory_stats") or {}
+    if "total_usage" not in cpu or "usage" not in memory:
+        return None  # not running
+    detail = memory.get("stats") or {}
+    cache = detail.get("total_inactive_file", detail.get("inactive_file", 0))
+    networks = (stats.get("networks") or {}).values()
+    block = (stats.get("blkio_stats") or {}).get("io_service_bytes_recursive") or []
+    return ContainerUsage(
+        cpu_ns=int(cpu["total_usage"]), memory_bytes=max(0, int(memory["usage"]) - int(cache)),
+        network_rx_bytes=sum(int(n.get("rx_bytes", 0)) for n in networks),
+        network_tx_bytes=sum(int(n.get("tx_bytes", 0)) for n in networks),
+        block_read_bytes=sum(int(b.get("value", 0)) for b in block if str(b.get("op", "")).lower() == "read"),
+        block_write_bytes=sum(int(b.get("value", 0)) for b in block if str(b.get("op", "")).lower() == "write"),
+    )
 
 
 def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:

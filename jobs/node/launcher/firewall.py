@@ -86,7 +86,18 @@ def install(owner: str) -> None:
 def remove(owner: str) -> None:
     for chain, line in _our_lines():
         if _owner_of(line) == owner:
-            _iptables("-D", chain, *shlex.split(line)[2:])
+            _delete(chain, line)
+
+
+def _delete(chain: str, line: str) -> None:
+    """Delete one listed rule. Agents starting together each sweep stale
+    copies, so another may have deleted it since we listed it: a rule that
+    is no longer there is what we wanted, not a failure."""
+    try:
+        _iptables("-D", chain, *shlex.split(line)[2:])
+    except FirewallError:
+        if line in _iptables("-S", chain).splitlines():
+            raise
 
 
 def remove_stale() -> None:

@@ -1,0 +1,85 @@
+"""Usage samples of a job's tasks: CPU, memory, network, block I/O and GPUs
+(jobs/services/usage.py). For the job's owner and admins; anyone else gets
+the same 404 as for a job that does not exist, anonymous callers a 401.
+
+- v1: `user/{user}/jobs/{name}/tasks/{role}/{index}/metrics` -> one task's samples;
+- v2: `jobs/{user}~{name}/metrics` -> every task of the job's current attempt
+  (what the job page's graphs draw).
+
+Both take `since` (ISO-8601): only samples after it, so a client that polls
+passes the time of the last sample it has.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.utils.dateparse import parse_datetime
+
+from jobs.api.auth import Access
+from jobs.api.errors import ApiError, invalid
+from jobs.api.http import handler, ok, optional_int_param, resource
+from jobs.api.views.jobs import find_job
+from jobs.api.views.tasks import _task
+from jobs.models import TaskAttempt
+from jobs.services import usage
+
+
+def _since(request: HttpRequest) -> datetime | None:
+    raw = request.GET.get("since", "").strip()
+    if not raw:
+        return None
+    try:
+        parsed = parse_datetime(raw.replace(" ", "+"))  # a "+" left unescaped in a query string arrives as " "
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise invalid(f"since must be an ISO-8601 time such as 2026-05-04T10:11:12Z, got {raw!r}.")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@handler(Access.USER)
+def _task_metrics(request: HttpRequest, username: str, name: str, role: str, index: str) -> HttpResponse:
+    job = find_job(request, username, name)
+    task = _task(job.pk, role, index)
+    since = _since(request)
+    number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6)
+    attempts = TaskAttempt.objects.filter(task=task)
+    attempt = (attempts.filter(number=number) if number else attempts).order_by("-number").first()
+    if attempt is None:
+        if number:
+            raise ApiError("NoTaskError", f"Task {role}-{index} has no attempt {number}.")
+        return ok({"attempt": None, "taskState": "WAITING", "samples": []})
+    samples = usage.task_samples(attempt.pk, since=since)
+    return ok({"attempt": attempt.number, "taskState": attempt.state,
+               "samples": [usage.sample_json(row) for row in samples]})
+
+
+def _task_json(attempt: TaskAttempt, since: datetime | None, idle: set[int]) -> dict[str, Any]:
+    return {
+        "taskRole": attempt.task.role, "taskIndex": attempt.task.index, "attempt": attempt.number,
+        "state": attempt.state, "node": attempt.node_name, "gpus": attempt.gpus,
+        # Simulated GPUs are scheduled but report nothing: no GPU figures, ever.
+        "gpusSimulated": bool(attempt.node and attempt.node.gpus_simulated),
+        "idleGpus": attempt.pk in idle,
+        "samples": [usage.sample_json(row) for row in usage.task_samples(attempt.pk, since=since)],
+    }
+
+
+@handler(Access.USER)
+def _job_metrics(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = find_job(request, username, name)
+    since = _since(request)
+    number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6) or job.attempt_number
+    attempts = list(TaskAttempt.objects.filter(job=job, number=number).select_related("task", "node")
+                    .order_by("task__role", "task__index"))
+    idle = usage.idle_attempt_ids(a.pk for a in attempts)
+    return ok({"job": f"{job.owner.username}~{job.name}", "state": job.state, "attempt": number,
+               "sampleSeconds": usage.sample_seconds(),
+               "tasks": [_task_json(attempt, since, idle) for attempt in attempts]})
+
+
+task_metrics = resource(GET=_task_metrics)
+job_metrics = resource(GET=_job_metrics)

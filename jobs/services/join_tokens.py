@@ -1,0 +1,107 @@
+"""Node join tokens: an admin makes one (Nodes page, `manage.py node_token`,
+the REST API), a new node machine hands it to `scripts/join-node`, which
+trades it at `POST /api/v2/nodes/join` for the node's settings
+(node_settings.py). No secret is copied by hand.
+
+Only the SHA-256 of a token is stored, as for API tokens: a copy of the
+database hands out no working join token. A token may be used any number of
+times (one token for a rack of machines) until it expires or is revoked;
+every use is counted with its time and client address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs.models import NodeJoinToken, User
+
+TOKEN_PREFIX = "pjt_"
+PREFIX_LENGTH = 12  # "pjt_" and 8 random characters: shown, and enough to revoke by
+DEFAULT_SECONDS = 24 * 3600  # as kubeadm's join tokens
+MIN_SECONDS = 60
+MAX_SECONDS = 30 * 24 * 3600
+# Expired or revoked tokens stay listed this long, then go.
+KEEP_DEAD_TOKENS = timedelta(days=30)
+
+
+class JoinTokenError(Exception):
+    """A join token was refused. `reason`: missing, unknown, expired or
+    revoked; `message` says what to do, in words."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class NewJoinToken:
+    token: NodeJoinToken
+    key: str  # the secret; never stored, shown once
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def join_token_create(*, by: User | None, seconds: int = DEFAULT_SECONDS, label: str = "") -> NewJoinToken:
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise ValueError(f"the lifetime must be {MIN_SECONDS} to {MAX_SECONDS} seconds, not {seconds}")
+    key = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    now = timezone.now()
+    token = NodeJoinToken.objects.create(
+        key_hash=_hash(key), prefix=key[:PREFIX_LENGTH], label=label[:100], created_by=by, created_at=now,
+        expires_at=now + timedelta(seconds=seconds),
+    )
+    long_dead = now - KEEP_DEAD_TOKENS
+    NodeJoinToken.objects.filter(Q(expires_at__lt=long_dead) | Q(revoked_at__lt=long_dead)).delete()
+    return NewJoinToken(token=token, key=key)
+
+
+def join_tokens_matching(prefix: str) -> list[NodeJoinToken]:
+    """Tokens whose shown prefix starts with `prefix` (with or without
+    "pjt_"), or the one token that is `prefix` in full."""
+    prefix = prefix.strip()
+    whole = NodeJoinToken.objects.filter(key_hash=_hash(prefix)).first()
+    if whole is not None:
+        return [whole]
+    if not prefix.startswith(TOKEN_PREFIX):
+        prefix = TOKEN_PREFIX + prefix
+    if len(prefix) <= len(TOKEN_PREFIX):
+        return []
+    return list(NodeJoinToken.objects.filter(prefix__startswith=prefix[:PREFIX_LENGTH]))
+
+
+def join_token_revoke(*, token: NodeJoinToken) -> bool:
+    """Revoke a token; False if it already was. Nodes that joined with it
+    keep running: they hold their settings already (SECURITY.md, Nodes)."""
+    return NodeJoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
+
+
+def join_token_use(key: str, *, client: str) -> NodeJoinToken:
+    """The token `key` names, counted as used from `client`; raises
+    JoinTokenError saying why it is refused."""
+    if not key:
+        raise JoinTokenError("missing", "send the join token as 'Authorization: Bearer <token>'")
+    token = NodeJoinToken.objects.filter(key_hash=_hash(key)).first()
+    shown = key[:PREFIX_LENGTH] + "…" if key.startswith(TOKEN_PREFIX) else "given"
+    if token is None:
+        raise JoinTokenError("unknown", f"the join token ({shown}) is not known to this portal: mistyped, or made "
+                                        "by another portal? Ask an admin for a token (Nodes page, or "
+                                        "`manage.py node_token`).")
+    now = timezone.now()
+    if token.revoked_at is not None:
+        raise JoinTokenError("revoked", f"the join token {token.prefix}… was revoked at "
+                                        f"{token.revoked_at.isoformat(timespec='seconds')}; ask an admin for a new one.")
+    if token.expires_at <= now:
+        raise JoinTokenError("expired", f"the join token {token.prefix}… expired at "
+                                        f"{token.expires_at.isoformat(timespec='seconds')}; ask an admin for a new one.")
+    NodeJoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used_at=now, last_used_from=client[:255])
+    token.refresh_from_db()
+    return token

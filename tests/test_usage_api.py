@@ -1,0 +1,118 @@
+"""The usage API (jobs/api/views/usage.py), the job page's usage panel and
+the per-task gauges of /metrics, over samples written into the database
+(the sampler itself is tested in tests/test_usage.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from jobs.models import IdleGpus
+from jobs.services import usage
+from tests.test_metrics import samples as metric_samples
+from tests.test_usage import node, running_tasks  # noqa: F401  (fixture)
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def job_with_samples(alice, node):  # noqa: F811
+    attempts = running_tasks(alice, node, 2)
+    now = timezone.now()
+    usage.samples_record([
+        usage.Sample(a.pk, now - timedelta(seconds=s), cpu_percent=50.0 + i, memory_bytes=1000 * (i + 1),
+                     network_rx_bytes=7, network_tx_bytes=3)
+        for i, a in enumerate(attempts) for s in (10, 5)
+    ])
+    return attempts[0].job, attempts, now
+
+
+def v1_url(job, role="main", index=0) -> str:
+    return f"/api/v1/user/{job.owner.username}/jobs/{job.name}/tasks/{role}/{index}/metrics"
+
+
+def v2_url(job) -> str:
+    return f"/api/v2/jobs/{job.owner.username}~{job.name}/metrics"
+
+
+def test_it_gives_the_owner_a_tasks_samples_in_the_documented_shape(alice, job_with_samples):
+    job, _attempts, now = job_with_samples
+    for prefix in ("", "/rest-server"):
+        answer = logged_in(alice).get(prefix + v1_url(job, index=1))
+        assert answer.status_code == 200, answer.content
+        body = answer.json()
+        assert body["taskState"] == "RUNNING" and len(body["samples"]) == 2
+        sample = body["samples"][0]
+        assert sample["time"].endswith("Z")
+        assert (sample["cpuPercent"], sample["memoryBytes"], sample["networkRxBytes"], sample["networkTxBytes"]) == (
+            51.0, 2000, 7, 3)
+        assert sample["gpus"] == []  # simulated GPUs report nothing
+
+
+def test_it_gives_the_samples_after_since(alice, job_with_samples):
+    job, _attempts, now = job_with_samples
+    since = (now - timedelta(seconds=7)).isoformat()
+    assert len(logged_in(alice).get(v1_url(job), {"since": since}).json()["samples"]) == 1
+    body = logged_in(alice).get(v2_url(job), {"since": since}).json()
+    assert [len(t["samples"]) for t in body["tasks"]] == [1, 1]
+    assert body["tasks"][0]["gpusSimulated"] is True and body["tasks"][0]["idleGpus"] is False
+
+
+def test_it_names_since_when_it_is_no_time(alice, job_with_samples):
+    job, _attempts, _now = job_with_samples
+    answer = logged_in(alice).get(v2_url(job), {"since": "yesterday"})
+    assert answer.status_code == 400
+    assert answer.json()["code"] == "InvalidParametersError" and "since" in answer.json()["message"]
+
+
+def test_it_answers_admins_and_refuses_other_users_and_anonymous_callers(alice, bob, admin_user, job_with_samples):
+    job, _attempts, _now = job_with_samples
+    for url in (v1_url(job), v2_url(job)):
+        assert logged_in(admin_user).get(url).status_code == 200
+        stranger = logged_in(bob).get(url)
+        assert stranger.status_code == 404 and stranger.json()["code"] == "NoJobError"
+        assert Client().get(url).status_code == 401
+
+
+def test_the_job_page_has_a_usage_panel_pointing_at_the_api(alice, bob, job_with_samples):
+    job, _attempts, _now = job_with_samples
+    page = logged_in(alice).get(f"/jobs/{job.pk}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f'data-metrics-url="{v2_url(job)}"' in html and "uPlot.iife.min.js" in html
+    assert "simulated GPUs report no utilisation" in html
+    assert logged_in(bob).get(f"/jobs/{job.pk}/").status_code == 404
+
+
+def test_metrics_gives_the_latest_sample_of_each_running_task(admin_user, job_with_samples):
+    job, attempts, _now = job_with_samples
+    IdleGpus.objects.create(attempt=attempts[0], since=timezone.now() - timedelta(hours=1))
+    found = metric_samples(logged_in(admin_user).get("/metrics"))
+    labels = (("job", f"{job.owner.username}~{job.name}"), ("node", attempts[0].node_name), ("task", "main-1"),
+              ("user", job.owner.username))
+    assert found["portal_task_cpu_percent", labels] == 51.0
+    assert found["portal_task_memory_bytes", labels] == 2000
+    assert found["portal_task_network_receive_bytes_total", labels] == 7
+    assert found["portal_task_gpus_idle", labels] == 0
+    idle_labels = tuple((k, "main-0" if k == "task" else v) for k, v in labels)
+    assert found["portal_task_gpus_idle", idle_labels] == 1
+
+
+def test_the_job_page_and_the_job_list_flag_a_task_with_idle_gpus(alice, job_with_samples):
+    job, attempts, _now = job_with_samples
+    client = logged_in(alice)
+    assert "GPUs idle" not in client.get(f"/jobs/{job.pk}/").content.decode()
+    IdleGpus.objects.create(attempt=attempts[1], since=timezone.now() - timedelta(hours=1))
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'data-idle-task="main-1"' in page and "GPUs idle" in page
+    rows = client.get("/jobs/rows/").content.decode()
+    row = rows[rows.index(f'data-job-id="{job.pk}"'):]
+    assert "GPUs idle" in row[:row.index("</tr>")]
+    assert client.get(v2_url(job)).json()["tasks"][1]["idleGpus"] is True

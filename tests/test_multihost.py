@@ -81,7 +81,10 @@ def finished(mh: MultiHostCluster, job_name: str, *, timeout: float = 90) -> dic
 def started_containers(mh: MultiHostCluster, host: str, since: datetime) -> set[str]:
     """Ids of the containers host's engine started since `since` (its events:
     the containers themselves are removed when their task ends)."""
-    events = mh.nodes[host].engine.client().events(since=since, until=datetime.now(timezone.utc), decode=True,
+    # Docker takes whole seconds: `until` a second ahead, or a start within
+    # the current second is cut off (seen when the job ended quickly).
+    until = datetime.now(timezone.utc) + timedelta(seconds=1)
+    events = mh.nodes[host].engine.client().events(since=since, until=until, decode=True,
                                                    filters={"type": "container", "event": "start"})
     return {event["id"] for event in events}
 

@@ -67,7 +67,10 @@ def test_it_counts_waiting_and_running_jobs_and_gpus_per_virtual_cluster_and_use
     type(job).objects.filter(pk=job.pk).update(virtual_cluster=vc)
     waiting = submit(alice, config(f"dash-wait-{uuid.uuid4().hex[:6]}", role(gpus=64), virtualCluster=vc.name))
     JobAttempt.objects.filter(job=waiting).update(created_at=now - timedelta(hours=1))
-    usage.samples_record([usage.Sample(a.pk, now - timedelta(minutes=30, seconds=s), cpu_percent=200,
+    # A minute of samples inside one 5-minute bucket (they start at midnight):
+    # a minute straddling two buckets would be shared between them.
+    bucket = now.replace(second=0, microsecond=0) - timedelta(minutes=30 + now.minute % 5)
+    usage.samples_record([usage.Sample(a.pk, bucket + timedelta(minutes=2, seconds=s), cpu_percent=200,
                                        memory_bytes=2**30) for a in attempts for s in range(0, 60, 5)])
 
     figures = dashboard.cluster_over_time(hours=6, vc_gpus={vc.name: 10}, now=now)

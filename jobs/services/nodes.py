@@ -152,15 +152,14 @@ def nodes_mark_lost(now: datetime | None = None) -> list[str]:
     now = now or timezone.now()
     window = timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
     cutoff = now - window
-    # A cheap read first: it fails while the database is away, so a check
-    # that could not look records no watching either.
-    Node.objects.filter(pk=0).exists()
+    stale = list(Node.objects.filter(status=Node.Status.READY).filter(
+        Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True)
+    ))
+    # Recorded only once that read succeeded: a check that could not look
+    # (the database away) watched nothing.
     if _watch.since(now) > cutoff:
         return []
     lost: list[str] = []
-    stale = Node.objects.filter(status=Node.Status.READY).filter(
-        Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True)
-    )
     for node in stale:
         claimed = Node.objects.filter(pk=node.pk, last_heartbeat=node.last_heartbeat, status=node.status).update(
             status=Node.Status.LOST

@@ -221,6 +221,8 @@ class ExitType(models.TextChoices):
     NODE_DRAINED = "NODE_DRAINED", "node drained"
     USER_STOP = "USER_STOP", "stopped by user"
     COMPLETED = "COMPLETED", "stopped because the job completed"
+    # IDLE_GPU_POLICY=stop: its GPUs sat idle past the grace period.
+    IDLE_GPUS = "IDLE_GPUS", "idle GPUs reclaimed"
     PLATFORM = "PLATFORM", "platform error"
 
 

@@ -348,10 +348,15 @@ USAGE_SAMPLE_SECONDS = env_float("USAGE_SAMPLE_SECONDS", 5.0, minimum=0.2)
 USAGE_DETAIL_HOURS = env_float("USAGE_DETAIL_HOURS", 24.0, minimum=0.1)
 USAGE_MINUTES_DAYS = env_float("USAGE_MINUTES_DAYS", 30.0, minimum=0.1)
 # A task whose real GPUs all stay under IDLE_GPU_PERCENT utilisation for
-# IDLE_GPU_MINUTES is flagged idle; "notify" also tells its owner once.
+# IDLE_GPU_MINUTES is flagged idle; "notify" also tells its owner once;
+# "stop" tells them when the job will be stopped, and stops it (exit type
+# IDLE_GPUS, never retried) if its GPUs are still idle
+# IDLE_GPU_STOP_GRACE_MINUTES after that notice. Agents check once a
+# minute, so a grace under a minute would mean nothing.
 IDLE_GPU_PERCENT = env_float("IDLE_GPU_PERCENT", 5.0, minimum=0.0)
 IDLE_GPU_MINUTES = env_float("IDLE_GPU_MINUTES", 30.0, minimum=0.1)
-IDLE_GPU_POLICY = env_choice("IDLE_GPU_POLICY", "flag", ("flag", "notify"))
+IDLE_GPU_POLICY = env_choice("IDLE_GPU_POLICY", "flag", ("flag", "notify", "stop"))
+IDLE_GPU_STOP_GRACE_MINUTES = env_float("IDLE_GPU_STOP_GRACE_MINUTES", 15.0, minimum=1.0)
 # E-mail about job state changes, for users who ask for it (Profile page, or
 # extras.jobStatusChangeNotification in a job config). No EMAIL_HOST: none.
 EMAIL_HOST = env_str("EMAIL_HOST", "").strip()

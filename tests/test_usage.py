@@ -119,10 +119,12 @@ def node(redis_server) -> Iterator[Node]:
         services.attempt_record_exit(attempt_id, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="the test ended"))
 
 
-def running_tasks(user, node: Node, count: int, container_ids: list[str] | None = None) -> list[TaskAttempt]:
+def running_tasks(user, node: Node, count: int, container_ids: list[str] | None = None, **top: Any) -> list[TaskAttempt]:
     """A job of `count` one-GPU tasks placed on `node` and marked running
-    in the given containers (fake ids when none)."""
-    job = submit(user, config(f"us-{uuid.uuid4().hex[:8]}", role(tasks=count, gpus=1), gpuType=node.gpus[0]["type"]))
+    in the given containers (fake ids when none); `top`: more of the config
+    (retryCount ...)."""
+    job = submit(user, config(f"us-{uuid.uuid4().hex[:8]}", role(tasks=count, gpus=1), gpuType=node.gpus[0]["type"],
+                              **top))
     services.schedule_pass()
     attempts = list(TaskAttempt.objects.filter(job=job).order_by("id"))
     assert len(attempts) == count, job.waiting_reason

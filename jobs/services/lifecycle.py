@@ -66,6 +66,29 @@ def job_stop(*, job: Job, by: User) -> Job:
     return Job.objects.get(pk=job.pk)
 
 
+def job_reclaim_idle_gpus(*, job_id: int, number: int) -> bool:
+    """Stop a running job whose GPUs stayed idle past the grace period
+    (IDLE_GPU_POLICY=stop, jobs/services/usage.py). The whole job stops: a
+    gang job without one of its tasks is no use. It ends STOPPED with
+    ExitType.IDLE_GPUS and is never retried: it goes through STOPPING like a
+    user's stop, where no verdict is judged (a reclaim is not a failure).
+
+    The conditional UPDATE RUNNING -> STOPPING is the claim: node agents
+    checking at once stop it once. False if it was no longer running
+    attempt `number` (stopped, finished or retried meanwhile)."""
+    stops: list[tuple[str, int]] = []
+    with transaction.atomic():
+        now = timezone.now()
+        if not Job.objects.filter(pk=job_id, state=State.RUNNING, attempt_number=number).update(
+                state=State.STOPPING, stop_requested_at=now):
+            return False
+        job = Job.objects.get(pk=job_id)
+        _stop_attempt_tasks(job, ExitType.IDLE_GPUS, stops)
+        _maybe_finish_stopping(job.pk, now)
+        transaction.on_commit(lambda: _send_stops(stops))
+    return True
+
+
 def _send_stops(stops: list[tuple[str, int]]) -> None:
     for node_name, attempt_id in stops:
         queues.enqueue_stop(node_name, attempt_id)
@@ -95,6 +118,10 @@ def _maybe_finish_stopping(job_id: int, now: datetime) -> None:
     if job.state != State.STOPPING:
         return
     if TaskAttempt.objects.filter(job=job, state__in=ACTIVE_TASK_STATES).exists():
+        return
+    # Reclaimed first: a user's stop asked meanwhile changes nothing of why.
+    if TaskAttempt.objects.filter(job=job, number=job.attempt_number, stop_reason=ExitType.IDLE_GPUS).exists():
+        _finish_job(job, State.STOPPED, ExitType.IDLE_GPUS, ExitType.IDLE_GPUS.label, None, now)
         return
     who = job.stop_requested_by.username if job.stop_requested_by else "a user"
     _finish_job(job, State.STOPPED, ExitType.USER_STOP, f"stopped by {who}", None, now)

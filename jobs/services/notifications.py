@@ -221,16 +221,18 @@ def job_state_notify(event: dict[str, Any]) -> list[int]:
 IDLE_EVENT = "idleGpus"
 
 
-def idle_gpus_notify(*, attempt: TaskAttempt, since: datetime) -> list[int]:
-    """Tell a task's owner its GPUs sit idle (IDLE_GPU_POLICY=notify), once:
-    by webhook (event "idleGpus") and by e-mail if the portal has SMTP and
-    they have an address. Called by jobs/services/usage.py."""
+def idle_gpus_notify(*, attempt: TaskAttempt, since: datetime, stop_at: datetime | None = None) -> list[int]:
+    """Tell a task's owner its GPUs sit idle (IDLE_GPU_POLICY=notify or
+    stop), once: by webhook (event "idleGpus") and by e-mail if the portal
+    has SMTP and they have an address. `stop_at` (policy stop): when the job
+    will be stopped if they stay idle ("stopAt", null otherwise). Called by
+    jobs/services/usage.py."""
     owner = attempt.job.owner
     row = settings_for(owner)
     payload = {"event": IDLE_EVENT, "job": f"{owner.username}~{attempt.job.name}", "jobName": attempt.job.name,
                "user": owner.username, "task": f"{attempt.task.role}-{attempt.task.index}", "gpus": attempt.gpus,
                "idleSince": _timestamp(since), "thresholdPercent": settings.IDLE_GPU_PERCENT,
-               "time": _timestamp(timezone.now()),
+               "stopAt": _timestamp(stop_at) if stop_at else None, "time": _timestamp(timezone.now()),
                "url": f"{settings.PORTAL_URL}{reverse('jobs:detail', args=[attempt.job_id])}"}
     made = []
     if row and row.webhook_url:
@@ -336,15 +338,21 @@ def _send_webhook(delivery: NotificationDelivery) -> tuple[str, webhooks.Outcome
 
 def email_subject(payload: dict[str, Any]) -> str:
     if payload["event"] == IDLE_EVENT:
-        return f"Job {payload['job']}: the GPUs of task {payload['task']} are idle"
+        stopping = f"; it will be stopped at {payload['stopAt']}" if payload.get("stopAt") else ""
+        return f"Job {payload['job']}: the GPUs of task {payload['task']} are idle{stopping}"
     return f"Job {payload['job']} is {payload['state'].lower()}"
 
 
 def _email_text(payload: dict[str, Any]) -> str:
     if payload["event"] == IDLE_EVENT:
-        return (f"Task {payload['task']} of your job {payload['job']} holds GPUs {payload['gpus']}, and they have "
-                f"been under {payload['thresholdPercent']:g}% busy since {payload['idleSince']}. Stop the job if "
-                f"it no longer needs them, so others can use them.\nJob page: {payload['url']}\n")
+        text = (f"Task {payload['task']} of your job {payload['job']} holds GPUs {payload['gpus']}, and they have "
+                f"been under {payload['thresholdPercent']:g}% busy since {payload['idleSince']}. ")
+        if payload.get("stopAt"):  # deliveries stored before IDLE_GPU_POLICY=stop existed have no stopAt
+            text += (f"The portal will stop the job at {payload['stopAt']} (reason: idle GPUs reclaimed) unless "
+                     "they get busy again before then. Stop it yourself sooner if it no longer needs them.")
+        else:
+            text += "Stop the job if it no longer needs them, so others can use them."
+        return f"{text}\nJob page: {payload['url']}\n"
     lines = [f"Your job {payload['job']} went from {payload['previousState']} to {payload['state']} "
              f"at {payload['time']}."]
     if payload["exitReason"]:

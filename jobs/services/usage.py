@@ -16,6 +16,11 @@ Idle GPUs: `idle_since` (pure, tested on recorded series) says since when a
 series of samples shows every GPU under the threshold; `idle_gpus_check`
 keeps an IdleGpus row for each running task of a node that has been idle for
 IDLE_GPU_MINUTES, and, with IDLE_GPU_POLICY=notify, tells its owner once.
+With IDLE_GPU_POLICY=stop the notice also says when the job will be stopped
+(`stop_deadline`: IDLE_GPU_STOP_GRACE_MINUTES after it), and a check that
+finds the task still idle after that stops the whole job
+(lifecycle.job_reclaim_idle_gpus: exit type IDLE_GPUS, never retried). A
+task busy again in the meantime loses its flag, and with it the deadline.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from django.db.models import Max, Min
 from django.utils import timezone
 
 from jobs.models import IdleGpus, Job, TaskAttempt, TaskState, TaskUsage
-from jobs.services import notifications
+from jobs.services import lifecycle, notifications
 
 log = logging.getLogger(__name__)
 
@@ -187,16 +192,52 @@ def idle_gpus_check(*, node_id: int, now: datetime | None = None) -> list[int]:
     known = set(IdleGpus.objects.filter(attempt_id__in=list(idle)).values_list("attempt_id", flat=True))
     new = [IdleGpus(attempt_id=pk, since=since, flagged_at=now) for pk, since in idle.items() if pk not in known]
     IdleGpus.objects.bulk_create(new, ignore_conflicts=True)
-    if settings.IDLE_GPU_POLICY == "notify":
+    if settings.IDLE_GPU_POLICY in ("notify", "stop"):
         _notify_idle(now)
+    if settings.IDLE_GPU_POLICY == "stop":
+        _reclaim_idle(list(idle), now)
     return sorted(idle)
 
 
+def _stop_grace() -> timedelta:
+    return timedelta(minutes=settings.IDLE_GPU_STOP_GRACE_MINUTES)
+
+
+def stop_deadline(flag: IdleGpus) -> datetime | None:
+    """When IDLE_GPU_POLICY=stop stops the flagged task's job if its GPUs
+    stay idle: the grace period after its owner was told (after the flag
+    until the notice is out, which the same check sends). None under the
+    other policies. A flag told under "notify" before a switch to "stop"
+    counts as told: its deadline may be due at the first check."""
+    if settings.IDLE_GPU_POLICY != "stop":
+        return None
+    return (flag.notified_at or flag.flagged_at) + _stop_grace()
+
+
 def _notify_idle(now: datetime) -> None:
+    stop_at = now + _stop_grace() if settings.IDLE_GPU_POLICY == "stop" else None
     for flag in IdleGpus.objects.filter(notified_at__isnull=True).select_related("attempt__task", "attempt__job__owner"):
-        # Claimed first: two agents never tell the owner twice.
+        # Claimed first: two agents never tell the owner twice. The claim's
+        # time is the one stop_deadline counts from, so the notice and the
+        # pages give the same moment.
         if IdleGpus.objects.filter(pk=flag.pk, notified_at__isnull=True).update(notified_at=now) == 1:
-            notifications.idle_gpus_notify(attempt=flag.attempt, since=flag.since)
+            notifications.idle_gpus_notify(attempt=flag.attempt, since=flag.since, stop_at=stop_at)
+
+
+def _reclaim_idle(idle: list[int], now: datetime) -> list[int]:
+    """Stop the jobs of tasks this check found still idle whose owner was
+    told at least the grace period ago; returns the jobs this call stopped.
+    Only tasks idle in this round: one busy again has lost its flag above.
+    The stop is claimed by a conditional UPDATE of the job, so two checks
+    (two agents of a gang job's nodes, or a repeated check) stop it once."""
+    due = (IdleGpus.objects.filter(attempt_id__in=idle, notified_at__lte=now - _stop_grace())
+           .values_list("attempt__job_id", "attempt__number").distinct())
+    stopped = []
+    for job_id, number in sorted(set(due)):
+        if lifecycle.job_reclaim_idle_gpus(job_id=job_id, number=number):
+            log.info("job %s stopped: its GPUs stayed idle past IDLE_GPU_STOP_GRACE_MINUTES", job_id)
+            stopped.append(job_id)
+    return stopped
 
 
 # ------------------------------------------------------------------ reading
@@ -264,15 +305,33 @@ def latest_of_running(*, now: datetime | None = None) -> list[LatestUsage]:
             for _id, cpu, memory, rx, tx, gpus, user, name, role, index, node, idle_at in rows]
 
 
-def idle_job_ids(job_ids: Iterable[int]) -> set[int]:
-    """Which of these jobs have a task flagged for idle GPUs (the job list's badge)."""
+def idle_job_ids(job_ids: Iterable[int]) -> dict[int, datetime | None]:
+    """Which of these jobs have a task flagged for idle GPUs (the job list's
+    badge), each with when IDLE_GPU_POLICY=stop will stop it (its earliest
+    task's deadline; None under the other policies)."""
     flags = IdleGpus.objects.filter(attempt__job_id__in=list(job_ids), attempt__state=TaskState.RUNNING)
-    return set(flags.values_list("attempt__job_id", flat=True))
+    found: dict[int, datetime | None] = {}
+    for job_id, flagged_at, notified_at in flags.values_list("attempt__job_id", "flagged_at", "notified_at"):
+        deadline = stop_deadline(IdleGpus(flagged_at=flagged_at, notified_at=notified_at))
+        earlier = found.get(job_id)
+        if job_id not in found or (deadline and earlier and deadline < earlier):
+            found[job_id] = deadline
+    return found
 
 
-def idle_tasks_of(job: Job) -> list[IdleGpus]:
-    return list(IdleGpus.objects.filter(attempt__job=job, attempt__state=TaskState.RUNNING)
-                .select_related("attempt__task").order_by("since"))
+@dataclass(frozen=True)
+class IdleTask:
+    """A flagged task as the job page shows it."""
+
+    attempt: TaskAttempt
+    since: datetime
+    stop_at: datetime | None  # IDLE_GPU_POLICY=stop: when its job will be stopped
+
+
+def idle_tasks_of(job: Job) -> list[IdleTask]:
+    flags = (IdleGpus.objects.filter(attempt__job=job, attempt__state=TaskState.RUNNING)
+             .select_related("attempt__task").order_by("since"))
+    return [IdleTask(flag.attempt, flag.since, stop_deadline(flag)) for flag in flags]
 
 
 def idle_attempt_ids(attempt_ids: Iterable[int]) -> set[int]:

@@ -695,3 +695,36 @@ class NotificationDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} {self.payload.get('job')} {self.payload.get('state')}: {self.status}"
+
+
+class ImagePull(models.Model):
+    """A task attempt's image pull on its node, as the node agent reports it
+    (jobs/services/pulls.py): the job page shows it while the task launches.
+    One per attempt: tasks of one node that wait for the same image each
+    have their own (the engine pulls it once and tells each of them)."""
+
+    class State(models.TextChoices):
+        PULLING = "PULLING", "pulling"
+        DONE = "DONE", "pulled"
+        FAILED = "FAILED", "failed"
+
+    attempt = models.OneToOneField(TaskAttempt, on_delete=models.CASCADE, related_name="image_pull")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    image = models.CharField(max_length=1000)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PULLING)
+    layers_done = models.PositiveIntegerField(default=0)
+    layers_total = models.PositiveIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0, help_text="Downloaded, of the layers whose size is known.")
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    sizes_pending = models.PositiveIntegerField(default=0, help_text="Layers to download whose size is not known yet.")
+    started_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.image} for attempt {self.attempt_id}: {self.state}"
+
+    @property
+    def elapsed_seconds(self) -> int:
+        return max(0, int(((self.finished_at or timezone.now()) - self.started_at).total_seconds()))

@@ -26,12 +26,17 @@ Kubernetes' AlwaysPullImages), without that cost for public images:
 Which repositories needed credentials is kept per portal instance and engine
 in a file (PrivateImages), which the agents of the engine's host share.
 Images pulled with credentials by a version before this one are not in it.
+
+A pull's progress (PullRecord) goes to the database for the job page: at
+its start, then at most every PROGRESS_INTERVAL seconds (a pull sends
+several events per layer per second), and at its end with any error.
 """
 
 from __future__ import annotations
 
 import re
 import socket
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -39,7 +44,8 @@ from django.conf import settings
 
 from jobs.images import DOCKER_HUB, reference_key, registry_host, registry_of, registry_refusal
 from jobs.models import ExitType
-from jobs.node.launcher import Engine, LaunchError, RegistryAuth
+from jobs import services
+from jobs.node.launcher import Engine, LaunchError, PullProgress, RegistryAuth
 
 Resolve = Callable[[str], list[str]]
 
@@ -99,6 +105,40 @@ class PrivateImages:
             record.write(reference_key(image)[0] + "\n")
 
 
+PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one pull
+
+
+class PullRecord:
+    """One attempt's pull as the job page sees it (jobs/services/pulls.py)."""
+
+    def __init__(self, attempt_id: int, image: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.attempt_id = attempt_id
+        self.image = image
+        self.clock = clock
+        self.latest = PullProgress()
+        self._written_at: float | None = None
+
+    def start(self) -> None:
+        services.pull_start(attempt_id=self.attempt_id, image=self.image)
+        self._written_at = self.clock()
+
+    def progress(self, progress: PullProgress) -> None:
+        self.latest = progress
+        now = self.clock()
+        if self._written_at is None or now - self._written_at >= PROGRESS_INTERVAL:
+            services.pull_progress(attempt_id=self.attempt_id, counts=_counts(progress))
+            self._written_at = now
+
+    def finish(self, error: str = "") -> None:
+        services.pull_finish(attempt_id=self.attempt_id, counts=_counts(self.latest), error=error)
+
+
+def _counts(progress: PullProgress) -> services.PullCounts:
+    return services.PullCounts(layers_done=progress.layers_done, layers_total=progress.layers_total,
+                               bytes_done=progress.bytes_done, bytes_total=progress.bytes_total,
+                               sizes_pending=progress.sizes_pending)
+
+
 class ImageGate:
     """Makes sure of a task's image before its launch, by the rules above."""
 
@@ -107,7 +147,8 @@ class ImageGate:
         self.private = private
 
     def ensure(self, image: str, auth: RegistryAuth | None, *, allowed: Iterable[str],
-               note: Callable[[str], None]) -> None:
+               note: Callable[[str], None], attempt_id: int | None = None) -> None:
+        """`attempt_id`: the task attempt whose launch waits, to show its pull on the job page."""
         present = self.engine.has_image(image)
         recheck = present and (auth is not None or image in self.private)
         if present and not recheck:
@@ -119,10 +160,25 @@ class ImageGate:
             self._check(image, auth)
             return
         note(f"pulling image {image}")
-        self.engine.ensure_image(image, auth)
+        self._pull(image, auth, PullRecord(attempt_id, image) if attempt_id is not None else None)
         note(f"pulled image {image}")
         if auth is not None and not self._anyone_may_pull(image):
             self.private.add(image)
+
+    def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
+        if record is None:
+            self.engine.ensure_image(image, auth)
+            return
+        record.start()
+        try:
+            self.engine.ensure_image(image, auth, progress=record.progress)
+        except LaunchError as exc:
+            record.finish(exc.message)
+            raise
+        except Exception as exc:  # our own failure: the page still must not show it pulling
+            record.finish(f"could not pull image {image}: {exc.__class__.__name__}")
+            raise
+        record.finish()
 
     def _check(self, image: str, auth: RegistryAuth | None) -> None:
         try:

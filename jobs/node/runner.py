@@ -276,7 +276,7 @@ class Runner:
         image, _auth = ctx.spec.role_image(ctx.me.role)
         auth = config_registry_auth(ctx) or self._registry_auth(ctx.spec, reader=owner_reader(ctx.job))
         self._images.ensure(image, auth, allowed=settings.REGISTRY_ALLOWED,
-                            note=lambda text: self.writer.note(attempt_id, text))
+                            note=lambda text: self.writer.note(attempt_id, text), attempt_id=attempt_id)
         code_dir = self._stage_code(ctx) if ctx.spec.code_dir else ""
         data_dir = self._stage_data(ctx) if ctx.spec.data_dir else ""
         network = self._network(ctx)

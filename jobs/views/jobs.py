@@ -18,8 +18,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs import services
-from jobs.models import Job, JobAttempt, State, Stream, Task, TaskAttempt
-from jobs.services import access, listing, tags, usage
+from jobs.models import ImagePull, Job, JobAttempt, State, Stream, Task, TaskAttempt
+from jobs.services import access, listing, pulls, tags, usage
 from jobs.services.storage_links import job_storage_links
 from jobs.spec import TaskRoleSpec, protocol_of
 
@@ -100,6 +100,7 @@ class TaskRow:
     attempt: TaskAttempt | None
     ports: list[access.PortLink]
     gpus_simulated: bool
+    pull: ImagePull | None = None  # its image's pull, while it waits on it or if it failed
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class RoleTable:
 def _role_tables(job: Job, number: int, attempts: list[TaskAttempt]) -> list[RoleTable]:
     """One table per task role, in the config's order, for job attempt `number`."""
     by_task = {a.task_id: a for a in attempts if a.number == number}
+    shown_pulls = pulls.pulls_shown(by_task.values())
     tasks: dict[str, list[Task]] = {}
     for task in job.tasks.order_by("role", "index"):  # through `job`: each task knows its job without a query
         tasks.setdefault(task.role, []).append(task)
@@ -120,7 +122,8 @@ def _role_tables(job: Job, number: int, attempts: list[TaskAttempt]) -> list[Rol
         for task in tasks.get(role.name, []):
             attempt = by_task.get(task.pk)
             rows.append(TaskRow(task, attempt, access.port_links(attempt) if attempt else [],
-                                bool(attempt and attempt.node and attempt.node.gpus_simulated)))
+                                bool(attempt and attempt.node and attempt.node.gpus_simulated),
+                                shown_pulls.get(attempt.pk) if attempt else None))
         tables.append(RoleTable(role, rows))
     return tables
 

@@ -126,7 +126,12 @@
       if (ended && finalPolls++ >= 3) return;
       setTimeout(function () {
         window.portal.fetchHtml(live.dataset.liveUrl).then(apply).catch(function () { /* try again next time */ }).then(poll);
-      }, pollDelay(ended ? 3000 : 2000));
+      }, pollDelay(ended ? 3000 : pulling() ? 500 : 2000));
+    }
+    // An image pull under way changes by the second: follow it as often as
+    // the node writes it (jobs/node/images.py, PROGRESS_INTERVAL).
+    function pulling() {
+      return !!document.querySelector('[data-pull-state="PULLING"]');
     }
     poll();
   }

@@ -11,9 +11,6 @@ accepts, is refused too."""
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +19,8 @@ import pytest
 from django.conf import settings as django_settings
 
 from jobs.models import ExitType, State
-from tests import services as test_services
-from tests.cluster import free_port, wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
+from tests.registry import running_registry
 
 pytestmark = pytest.mark.services
 
@@ -35,30 +31,8 @@ NODE, GPU_TYPE = "t-node-reg", "REGTEST"
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory) -> Iterator[str]:
     """A registry that wants a password, on 127.0.0.1:<free port>."""
-    for program in ("docker-registry", "htpasswd"):
-        test_services.need(program)
-    folder = tmp_path_factory.mktemp("registry")
-    port = free_port()
-    users = subprocess.run(["htpasswd", "-Bbn", USERNAME, PASSWORD], capture_output=True, text=True, check=True)
-    (folder / "htpasswd").write_text(users.stdout)
-    (folder / "config.yml").write_text(
-        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: test\n    path: {folder / 'htpasswd'}\n")
-    with open(folder / "registry.log", "ab") as log:
-        process = subprocess.Popen(["docker-registry", "serve", str(folder / "config.yml")], stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for(lambda: process.poll() is None and socket.create_connection(("127.0.0.1", port), 1).close() is None,
-                 timeout=20, what="the registry to listen")
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        shutil.rmtree(folder, ignore_errors=True)
+    with running_registry(tmp_path_factory.mktemp("registry"), users={USERNAME: PASSWORD}) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,24 @@ class RegistryAuth:
 
 
 @dataclass(frozen=True)
+class PullProgress:
+    """How far an image pull has come: layers the engine named so far and
+    those it has (pulled, or already on the engine), and the bytes
+    downloaded of the layers whose size it told (compressed, as sent). The
+    engine tells a layer's size when it starts downloading it, a few at a
+    time: `sizes_pending` layers are still to come on top of `bytes_total`."""
+
+    layers_done: int = 0
+    layers_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    sizes_pending: int = 0
+
+
+PullWatcher = Callable[[PullProgress], None]
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     id: str
     name: str
@@ -169,10 +187,13 @@ class Engine(Protocol):
         no credentials) may pull `image`; raises LaunchError("IMAGE_PULL")
         with the registry's answer if not."""
 
-    def ensure_image(self, image: str, auth: RegistryAuth | None = None) -> bool:
+    def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
+                     progress: PullWatcher | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled. Raises
         LaunchError("IMAGE_PULL") with a message fit for the user, which
-        never holds the registry password."""
+        never holds the registry password. `progress` is called, in the
+        caller's thread, at each piece of news from the pull (often: it
+        should be cheap or throttle itself)."""
 
     # -------------------------------------------------------------- networks
 

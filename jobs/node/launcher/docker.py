@@ -27,7 +27,9 @@ import requests.exceptions
 from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, LogConfig
 
 from jobs.images import reference_key
-from jobs.node.launcher import ContainerSpec, ContainerState, EngineInfo, LaunchError, LogStream, RegistryAuth, firewall
+from jobs.node.launcher import (
+    ContainerSpec, ContainerState, EngineInfo, LaunchError, LogStream, PullProgress, PullWatcher, RegistryAuth, firewall,
+)
 from jobs.node.launcher import ENGINE_MARKER_NAME, LABEL_ENGINE_MARKER
 from jobs.node.launcher.docker_logs import SocketLogStream, logs_request
 from jobs.node.launcher import ContainerUsage, cgroups
@@ -128,15 +130,19 @@ class DockerEngine:
         except requests.exceptions.RequestException as exc:
             raise LaunchError("IMAGE_PULL", f"the registry could not be asked: {exc.__class__.__name__}") from None
 
-    def ensure_image(self, image: str, auth: RegistryAuth | None = None) -> bool:
+    def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
+                     progress: PullWatcher | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled."""
         if self.has_image(image):
             return False
         repository, tag = _split_image(image)
+        tally = PullTally()
         try:
             for event in self.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=_auth_config(auth)):
                 if isinstance(event, dict) and event.get("error"):
                     raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
+                if progress is not None and isinstance(event, dict) and tally.add(event):
+                    progress(tally.progress())
         except docker.errors.APIError as exc:
             raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {exc.explanation or exc}", auth)) from None
         except requests.exceptions.RequestException as exc:
@@ -470,6 +476,48 @@ def _auth_config(auth: RegistryAuth | None) -> dict[str, str]:
     if auth is None:
         return {}
     return {"username": auth.username, "password": auth.password, "serveraddress": auth.registry}
+
+
+class PullTally:
+    """Adds up a pull's JSON events into a PullProgress. Each layer has its
+    own events, keyed by its short ID: "Pulling fs layer"/"Waiting" name it,
+    "Downloading" carries progressDetail current/total (bytes of the
+    compressed layer), "Download complete" ends its download, "Extracting"
+    follows, and "Pull complete" or "Already exists" means the engine has
+    it. Events without a layer ID ("Pulling from ...", "Digest: ...") and
+    those for the tag itself are not layers."""
+
+    LAYER_NAMED = frozenset({"Pulling fs layer", "Waiting", "Downloading", "Verifying Checksum",
+                             "Download complete", "Extracting", "Pull complete", "Already exists", "Retrying"})
+    DOWNLOADED = frozenset({"Verifying Checksum", "Download complete", "Extracting", "Pull complete"})
+    HAVE = frozenset({"Pull complete", "Already exists"})
+
+    def __init__(self) -> None:
+        self._current: dict[str, int] = {}
+        self._total: dict[str, int] = {}
+        self._done: set[str] = set()
+
+    def add(self, event: dict) -> bool:
+        """Take one event; True if it was about a layer."""
+        layer, status = event.get("id"), str(event.get("status") or "")
+        if not layer or status.split(" in ")[0] not in self.LAYER_NAMED:
+            return False  # "Retrying in 5 seconds" keeps its layer's place
+        detail = event.get("progressDetail") or {}
+        self._current.setdefault(layer, 0)
+        if status == "Downloading" and isinstance(detail.get("total"), int):
+            self._total[layer] = detail["total"]
+            self._current[layer] = int(detail.get("current") or 0)
+        elif status in self.DOWNLOADED and layer in self._total:
+            self._current[layer] = self._total[layer]
+        if status in self.HAVE:
+            self._done.add(layer)
+        return True
+
+    def progress(self) -> PullProgress:
+        unsized = [layer for layer in self._current if layer not in self._total and layer not in self._done]
+        return PullProgress(layers_done=len(self._done), layers_total=len(self._current),
+                            bytes_done=sum(self._current.values()), bytes_total=sum(self._total.values()),
+                            sizes_pending=len(unsized))
 
 
 def _split_image(image: str) -> tuple[str, str]:

@@ -1,0 +1,49 @@
+"""A real image registry for tests: Debian's docker-registry on loopback,
+stopped by PID. Docker lets 127.0.0.1 registries be plain HTTP by default,
+so no certificate is needed."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests import services as test_services
+from tests.cluster import free_port, wait_for
+
+
+@contextmanager
+def running_registry(folder: Path, *, users: dict[str, str] | None = None) -> Iterator[str]:
+    """A registry on 127.0.0.1:<free port> keeping its data in `folder`
+    (removed at the end); with `users`, it wants one of their passwords
+    (htpasswd). Yields its address."""
+    test_services.need("docker-registry")
+    port = free_port()
+    auth = ""
+    if users:
+        test_services.need("htpasswd")
+        lines = [subprocess.run(["htpasswd", "-Bbn", name, password], capture_output=True, text=True,
+                                check=True).stdout.strip() for name, password in users.items()]
+        (folder / "htpasswd").write_text("\n".join(lines) + "\n")
+        auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {folder / 'htpasswd'}\n"
+    (folder / "config.yml").write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n{auth}")
+    with open(folder / "registry.log", "ab") as log:
+        process = subprocess.Popen(["docker-registry", "serve", str(folder / "config.yml")], stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: process.poll() is None and socket.create_connection(("127.0.0.1", port), 1).close() is None,
+                 timeout=20, what="the registry to listen")
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -9,9 +9,9 @@ var/bench/hdfs_transfer/) and a throwaway portal on it (bench/stack.py:
 gunicorn as scripts/run starts it), on loopback only, and stops both by PID.
 Each round uploads the file through POST /storage/upload/ (a streamed
 multipart body, as a browser sends it) and downloads it from
-/storage/download/, then does the same with HdfsCLI's InsecureClient as the
-same user; the two take turns. Prints each round, the medians and
-`hdfs_upload_ratio=` / `hdfs_download_ratio=` (portal time / direct time;
+/storage/download/, and does the same with HdfsCLI's InsecureClient as the
+same user; the two sides take turns going first. Prints each round, the
+medians and `hdfs_upload_ratio=` / `hdfs_download_ratio=` (portal time / direct time;
 target: at most 1.3 each).
 
 Wall times on a busy 2-core machine swing by 2x from one transfer to the
@@ -219,7 +219,12 @@ def main() -> None:
                 transfer()
         print(f"load average before: {load()}", flush=True)
         for number in range(1, options.rounds + 1):
-            for key, (transfer, portal) in steps.items():
+            # The two sides take turns going first: the one after the other
+            # meets a warmer page cache and a JVM that has just been busy.
+            order = list(steps) if number % 2 else [
+                "direct_upload", "portal_upload", "direct_download", "portal_download"]
+            for key in order:
+                transfer, portal = steps[key]
                 elapsed, used = measured(transfer, portal=portal)
                 times[key].append(elapsed)
                 cpus[key].append(used)

@@ -265,6 +265,27 @@ def test_it_serves_the_storage_page_from_hdfs_with_streamed_uploads(client, alic
     assert missing.status_code == 404
 
 
+def test_it_downloads_from_hdfs_only_what_the_portal_lets_the_user_read(client, alice, bob, on_real_hdfs) -> None:
+    """A download is one OPEN as the user (no stat before it): the portal's
+    rules still come first, a folder is still named as one."""
+    from django.test import Client
+
+    home = f"/{alice.username}"
+    storage.ensure_home(reader(alice), home)
+    storage.backend_for(reader(alice)).write(f"{home}/notes.txt", io.BytesIO(b"alice's"))
+    client.force_login(alice)
+    mine = client.get("/storage/download/", {"path": f"{home}/notes.txt"})
+    assert mine.status_code == 200 and mine["Content-Length"] == "7" and b"".join(mine.streaming_content) == b"alice's"
+    folder = client.get("/storage/download/", {"path": home})
+    assert folder.status_code == 400 and f"{home} is a folder; expected a file" in folder.content.decode()
+    other = Client()
+    other.force_login(bob)
+    refused = other.get("/storage/download/", {"path": f"{home}/notes.txt"})
+    assert refused.status_code == 403 and b"alice's" not in refused.content
+    anonymous = Client().get("/storage/download/", {"path": f"{home}/notes.txt"})
+    assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+
+
 def hidden_uploads(hdfs_cluster, user) -> list[str]:
     """What is left in the user's upload staging folder (and hidden files in their home)."""
     left = []

@@ -6,8 +6,9 @@ outputDir on HDFS, owned by them, and downloads from the job's folder on
 the storage page; submitted through the service layer with hdfs:// URIs and
 through the REST API with $PAI_DEFAULT_FS_URI. With the namenode stopped:
 submission is refused, staging fails, and an output upload waits for HDFS
-to come back (or, past its retry time, is kept on the node), each saying
-that HDFS did not answer.
+to come back (or, past its retry time or once the job is stopped, is kept
+on the node), each saying that HDFS did not answer; the node agent removes
+kept outputs past OUTPUT_KEEP_HOURS.
 
 Containers here cannot reach the namenode (it listens on 127.0.0.1 only,
 and job networks are isolated): a task reads its data from /pai/data;
@@ -17,16 +18,21 @@ dataDir still reaches it as PAI_DATA_DIR, a full hdfs:// URI.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from jobs import services, storage
 from jobs.models import State, Stream, TaskAttempt, TaskState
+from jobs.node.staging import kept_root
 from jobs.spec import SpecError
 from tests.cluster import Cluster, wait_for
 from tests.helpers import config, lines, login, role, wait_state
@@ -227,3 +233,54 @@ def test_it_says_hdfs_did_not_answer_keeps_what_is_stored_and_works_again_when_i
         State.SUCCEEDED, timeout=120)
     assert lines(again)[0] == "words in the data: 5"
     assert hdfs_cluster.read(f"/Output/{alice.username}/backagain/count.txt").strip() == b"5"
+
+
+def test_a_stop_ends_the_wait_for_hdfs_and_keeps_the_output_on_the_node(
+        hdfs_portal, hdfs_cluster, alice, tmp_path: Path) -> None:
+    """This node would retry the upload for ten minutes (the default
+    OUTPUT_UPLOAD_RETRY_SECONDS); the user's stop ends the wait: the output
+    is kept on the node at once, and the job ends stopped."""
+    upload_project(tmp_path, alice)
+    cfg = job_config("stopwhilewaiting", codeDir="proj")
+    cfg["taskRoles"][0]["command"] = "sleep 3; sh run.sh"
+    job = services.job_submit(owner=alice, config=json.dumps(cfg), upload_outputs=True)
+    wait_for(lambda: running_attempt(job), timeout=90, what="the job's container to run")
+    output = f"{hdfs_cluster.fs_uri}/Output/{alice.username}/stopwhilewaiting"
+    did_not_answer = (f"could not upload /pai/output to {output}: HDFS at {hdfs_cluster.url} "
+                      "did not answer (ConnectionError)")
+    hdfs_cluster.stop()
+    try:
+        wait_for(lambda: any(n.endswith(f"{did_not_answer}; /pai/output is kept, trying again in 2 s")
+                             for n in lines(job, Stream.PLATFORM)),
+                 timeout=60, what="the task's platform log to say the upload waits for HDFS")
+        services.job_stop(job=job, by=alice)
+        job = wait_state(job, State.STOPPED, timeout=60)  # a tenth of the retry time
+        notes = lines(job, Stream.PLATFORM)
+        kept_note = next((n for n in notes if did_not_answer in n and "It is kept" in n), None)
+        assert kept_note is not None, notes
+        assert re.search(r"; tried \d+ times, then the job was stopped\. It is kept on this task's node in ", kept_note)
+        kept = Path(re.search(r"node in (\S+) until", kept_note).group(1))
+        assert (kept / "count.txt").read_text().strip() == "5"  # the output is not lost
+        assert kept.parent.parent == kept_root()
+    finally:
+        hdfs_cluster.start()
+    # Kept, not uploaded: no try after the stop.
+    assert hdfs_cluster.status(f"/Output/{alice.username}/stopwhilewaiting/count.txt") is None
+
+
+def test_the_node_agent_removes_kept_outputs_past_output_keep_hours(hdfs_portal, tmp_path: Path) -> None:
+    """On its own, every RECONCILE_SECONDS: not only when the node next
+    stages or uploads something (nothing does here)."""
+    old, fresh = kept_root() / f"sweep-old-{tmp_path.name}", kept_root() / f"sweep-fresh-{tmp_path.name}"
+    for folder in (old, fresh):
+        (folder / "output").mkdir(parents=True)
+        (folder / "output" / "model.txt").write_text("weights")
+    past = time.time() - settings.OUTPUT_KEEP_HOURS * 3600 - 60
+    os.utime(old, (past, past))
+    try:
+        wait_for(lambda: not old.exists(), timeout=30,
+                 what="the node agent to remove the kept output past OUTPUT_KEEP_HOURS")
+        assert (fresh / "output" / "model.txt").read_text() == "weights"
+    finally:
+        for folder in (old, fresh):
+            shutil.rmtree(folder, ignore_errors=True)

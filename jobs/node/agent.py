@@ -35,7 +35,7 @@ from jobs.node.follower import LogFollower
 from jobs.node.holders import holder_is_gone, this_process
 from jobs.node.logwriter import LogWriter
 from jobs.node.runner import Runner
-from jobs.node.staging import stage_root
+from jobs.node.staging import expire_kept_outputs, stage_root
 from jobs.node.usage import UsageSampler
 from jobs.services import notifications
 from jobs.node.watcher import TaskWatcher
@@ -253,6 +253,7 @@ class NodeAgent:
             queues.request_schedule()
         self._clean_networks()
         self._clean_stage_dirs()
+        expire_kept_outputs()  # on time, not only when this node next stages or uploads
 
     def _adopt_containers(self, containers: list[launcher.ContainerState]) -> set[int]:
         by_attempt = {int(c.labels[launcher.LABEL_TASK_ATTEMPT]): c for c in containers

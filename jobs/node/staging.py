@@ -11,9 +11,10 @@ When storage does not answer as a task ends (the namenode is down), its
 /pai/output stays in the stopped container, which the watcher removes only
 after upload_output returns: the upload is tried again with a growing pause
 for OUTPUT_UPLOAD_RETRY_SECONDS, the task's platform log saying so. If it
-still fails, the output is copied to kept_root() on the node and kept there
-OUTPUT_KEEP_HOURS (then removed when the node next stages or uploads), and
-the platform log says where.
+still fails, or the job is stopped meanwhile, the output is copied to
+kept_root() on the node and kept there OUTPUT_KEEP_HOURS (the node agent
+removes older ones each time it reconciles), and the platform log says
+where.
 """
 
 from __future__ import annotations
@@ -100,7 +101,6 @@ class CodeStager:
     def _once(self, target: Path, fetch: Callable[[Path], int | None], *, what: str) -> tuple[str, int | None]:
         """Run `fetch` into a side folder once for `target`; ("", None) when
         it fetched nothing (now or before)."""
-        expire_kept_outputs()
         with self._guard:
             lock = self._locks.setdefault(str(target), threading.Lock())
         with lock:
@@ -181,7 +181,8 @@ def kept_root() -> Path:
 
 
 def expire_kept_outputs(*, now: float | None = None) -> None:
-    """Remove kept outputs older than OUTPUT_KEEP_HOURS."""
+    """Remove kept outputs older than OUTPUT_KEEP_HOURS (the node agent
+    calls this every RECONCILE_SECONDS)."""
     root = kept_root()
     if not root.is_dir():
         return
@@ -195,7 +196,8 @@ def expire_kept_outputs(*, now: float | None = None) -> None:
 
 
 def upload_output(engine: Engine, container_id: str, target: str, *, reader: storage.Reader | None = None,
-                  note: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> str | None:
+                  note: Callable[[str], None] | None = None,
+                  stopped: threading.Event | None = None) -> str | None:
     """Copy what the stopped task left in /pai/output to `target`, as far as
     the limits allow: whole files in the archive's order until the first one
     that would pass a limit; it and the files after it are left out (never
@@ -205,8 +207,10 @@ def upload_output(engine: Engine, container_id: str, target: str, *, reader: sto
     While storage does not answer, tries again after 2, 4, 8 ... (at most
     60) seconds for OUTPUT_UPLOAD_RETRY_SECONDS, telling `note` each time;
     the output waits in the container meanwhile. Then keeps a copy on the
-    node (kept_root) and says where."""
-    expire_kept_outputs()
+    node (kept_root) and says where. Once `stopped` is set (the user
+    stopped the job) it tries no more and keeps the copy at once: a stop
+    ends the task now, not at the end of the retry time."""
+    stopped = stopped or threading.Event()
     deadline = time.monotonic() + settings.OUTPUT_UPLOAD_RETRY_SECONDS
     pause, tries = 2.0, 0
     while True:
@@ -214,14 +218,19 @@ def upload_output(engine: Engine, container_id: str, target: str, *, reader: sto
         try:
             return _upload_once(engine, container_id, target, reader=reader)
         except storage.StorageUnavailable as exc:
-            if time.monotonic() + pause > deadline:
-                return _keep_on_node(engine, container_id, target, f"{exc}; tried {tries} times over "
-                                     f"{settings.OUTPUT_UPLOAD_RETRY_SECONDS} s (OUTPUT_UPLOAD_RETRY_SECONDS)")
-            if note is not None:
-                note(f"could not upload /pai/output to {target}: {exc}; /pai/output is kept, "
-                     f"trying again in {pause:.0f} s")
-            sleep(pause)
-            pause = min(pause * 2, 60.0)
+            failed = exc
+        if stopped.is_set():
+            break
+        if time.monotonic() + pause > deadline:
+            return _keep_on_node(engine, container_id, target, f"{failed}; tried {tries} times over "
+                                 f"{settings.OUTPUT_UPLOAD_RETRY_SECONDS} s (OUTPUT_UPLOAD_RETRY_SECONDS)")
+        if note is not None:
+            note(f"could not upload /pai/output to {target}: {failed}; /pai/output is kept, "
+                 f"trying again in {pause:.0f} s")
+        if stopped.wait(pause):
+            break
+        pause = min(pause * 2, 60.0)
+    return _keep_on_node(engine, container_id, target, f"{failed}; tried {tries} times, then the job was stopped")
 
 
 def _upload_once(engine: Engine, container_id: str, target: str, *, reader: storage.Reader | None) -> str | None:

@@ -10,6 +10,7 @@ exit, removing the container).
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -46,6 +47,7 @@ class TaskWatcher:
         self.container_id = container_id
         self._sinks: dict[int, _Sink] = {}
         self._stop_requests = 0
+        self._stop_asked = threading.Event()  # ends an output upload's wait for storage
         self._finished = False
         self._state: ContainerState | None = None  # the stopped container's, between its last two reads
 
@@ -55,6 +57,7 @@ class TaskWatcher:
     def request_stop(self) -> None:
         """SIGTERM now, SIGKILL after the grace period; a second request kills at once."""
         self._stop_requests += 1
+        self._stop_asked.set()
         if self._stop_requests > 1:
             self.engine.signal(self.container_id, "SIGKILL")
             return
@@ -214,6 +217,6 @@ class TaskWatcher:
         """Copy what the task left in /pai/output to outputDir."""
         target = output_target(attempt.job.spec, attempt.task.role, attempt.task.index)
         message = upload_output(self.engine, self.container_id, target, reader=owner_reader(attempt.job),
-                                note=lambda text: self.writer.note(self.attempt_id, text))
+                                note=lambda text: self.writer.note(self.attempt_id, text), stopped=self._stop_asked)
         if message:
             self.writer.note(self.attempt_id, message)

@@ -142,6 +142,15 @@ class Backend(ABC):
             while chunk := stream.read(chunk_size):
                 yield chunk
 
+    def open_download(self, path: str, *, chunk_size: int = CHUNK) -> tuple[Entry, Iterator[bytes]]:
+        """The file's entry and its content in chunks, for a streamed
+        download (the entry gives the Content-Length). Backends that can
+        learn the size from the read itself override this to save a stat."""
+        entry = self.require(path)
+        if entry.is_dir:
+            raise StorageError(f"{path} is a folder; expected a file")
+        return entry, self.iter_bytes(path, entry=entry, chunk_size=chunk_size)
+
     def walk(self, path: str) -> Iterator[tuple[str, Entry]]:
         """(relative path, entry) of every folder and file under a folder; a
         folder comes before what it holds."""

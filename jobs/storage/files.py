@@ -117,16 +117,16 @@ def files_save(reader: Reader, folder: str, items: list[tuple[str, StagedFile]],
         raise StorageError("no files were sent")
     storage.ensure_home(reader, folder)
     backend = storage.backend_for(reader)
-    conflicts = []
+    conflicts, existing = [], {}
     for path, _ in targets:
         access.check_write(reader, path)
-        existing = backend.stat(path)
-        if existing is not None and (existing.is_dir or not overwrite):
+        existing[path] = backend.stat(path)
+        if existing[path] is not None and (existing[path].is_dir or not overwrite):
             conflicts.append(path)
     if conflicts:
         shown = ", ".join(conflicts[:5]) + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
         raise FileConflict(f"already there: {shown}; tick \"replace existing files\" to overwrite them")
-    added = _check_quota(backend, targets)
+    added = _check_quota(existing, targets)
     for path, staged in targets:
         backend.rename(staged.temp, path, overwrite=overwrite)
     for owner, (size, count) in added.items():
@@ -134,17 +134,19 @@ def files_save(reader: Reader, folder: str, items: list[tuple[str, StagedFile]],
     return [path for path, _ in targets]
 
 
-def _check_quota(backend: storage.Backend, targets: list[tuple[str, StagedFile]]) -> dict[str | None, tuple[int, int]]:
+def _check_quota(existing: dict[str, Entry | None],
+                 targets: list[tuple[str, StagedFile]]) -> dict[str | None, tuple[int, int]]:
     """What the upload adds per quota owner (a replaced file counts as the
-    difference); raises StorageQuotaExceeded before anything is moved. The
+    difference; `existing`: what is at each target now, as files_save just
+    looked it up); raises StorageQuotaExceeded before anything is moved. The
     staged files are in the uploader's home meanwhile, but the quota cache
     has not counted them (they are moved or removed at once)."""
     added: dict[str | None, tuple[int, int]] = {}
     for path, staged in targets:
-        existing = backend.stat(path)
+        there = existing[path]
         size, count = added.get(quota.owner_of(path), (0, 0))
-        grows = staged.size - (existing.size if existing else 0)
-        added[quota.owner_of(path)] = (size + grows, count + (existing is None))
+        grows = staged.size - (there.size if there else 0)
+        added[quota.owner_of(path)] = (size + grows, count + (there is None))
     for owner, (size, count) in added.items():
         quota.check_room(owner, adding_bytes=size, adding_files=count)
     return added
@@ -156,11 +158,7 @@ class FileConflict(StorageError):
 
 def file_read(reader: Reader, path: str) -> tuple[Entry, Iterator[bytes]]:
     access.check_read(reader, path)
-    backend = storage.backend_for(reader)
-    entry = backend.require(path)
-    if entry.is_dir:
-        raise StorageError(f"{path} is a folder; expected a file")
-    return entry, backend.iter_bytes(path, entry=entry, chunk_size=DOWNLOAD_CHUNK)
+    return storage.backend_for(reader).open_download(path, chunk_size=DOWNLOAD_CHUNK)
 
 
 def path_info(reader: Reader, path: str) -> Entry:

@@ -116,6 +116,30 @@ class WebHdfsBackend(Backend):
             while chunk := stream.read(chunk_size, decode_content=False):
                 yield chunk
 
+    def open_download(self, path: str, *, chunk_size: int = CHUNK) -> tuple[Entry, Iterator[bytes]]:
+        """One OPEN, with no GETFILESTATUS before it: the namenode looks the
+        path up for the OPEN anyway, and the datanode's answer carries the
+        length. The stream is open before the response starts, so a refusal
+        is an error page, not a cut-off download."""
+        with self._errors(path):
+            try:
+                # HdfsCLI's read() hides the response, and with it the length.
+                response = self.client._open(path, offset=0)
+            except HdfsError as exc:
+                # HDFS answers a folder with FileNotFoundException ("Path is not a file").
+                if getattr(exc, "exception", None) == "FileNotFoundException":
+                    entry = self.stat(path)
+                    if entry is not None and entry.is_dir:
+                        raise StorageError(f"{path} is a folder; expected a file") from None
+                raise
+        try:
+            length = response.headers.get("Content-Length")
+            size = int(length) if length is not None else self.require(path).size
+        except BaseException:
+            response.close()
+            raise
+        return Entry(path=path, is_dir=False, size=size, modified=None), _Download(response, chunk_size)
+
     def _write(self, path: str, stream: BinaryIO, *, overwrite: bool) -> int:
         with self._errors(path):
             self.client.write(path, data=_body(stream), overwrite=overwrite)
@@ -179,6 +203,29 @@ class _Body:
             yield chunk
 
 
+class _Download:
+    """The datanode's answer in chunks, straight from its socket (WebHDFS
+    sends no content encoding, so urllib3's decoding buffer is skipped).
+    The first chunk is small: a full-size one would hold the first byte back
+    until it filled. `close` (Django calls it when the response ends, sent
+    or not) releases the connection."""
+
+    FIRST = 256 * 1024
+
+    def __init__(self, response: requests.Response, chunk_size: int) -> None:
+        self._response, self._chunk_size = response, chunk_size
+
+    def __iter__(self) -> Iterator[bytes]:
+        raw = self._response.raw
+        chunk = raw.read(min(self.FIRST, self._chunk_size), decode_content=False)
+        while chunk:
+            yield chunk
+            chunk = raw.read(self._chunk_size, decode_content=False)
+
+    def close(self) -> None:
+        self._response.close()
+
+
 class _HdfsSink(Sink):
     """One CREATE whose body is sent, chunk-encoded, by a thread of its own
     while the caller keeps receiving: the upload reaches the datanode as it
@@ -187,7 +234,8 @@ class _HdfsSink(Sink):
 
     def __init__(self, backend: WebHdfsBackend, path: str) -> None:
         self._backend, self._path, self._size = backend, path, 0
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        # 32 of the upload's 256 KB pieces (uploads.UPLOAD_CHUNK): 8 MB at most per upload.
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=32)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._send, name="hdfs-upload", daemon=True)
         self._thread.start()

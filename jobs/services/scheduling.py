@@ -9,19 +9,22 @@ allocations are the last line of defence against double allocation.
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import json
 import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Count, F, QuerySet, Sum, TextField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -222,16 +225,44 @@ def job_request(job: Job) -> scheduler.JobRequest:
                         owner=job.owner_id)
 
 
+class _Asks(NamedTuple):
+    """What a stored job's task roles ask for (in the spec's order), and
+    what writing its start needs besides: each role's shared memory."""
+
+    roles: tuple[scheduler.RoleRequest, ...]
+    shm_mb: tuple[int, ...]
+
+
+def _asks(spec: JobSpec) -> _Asks:
+    return _Asks(_roles(spec), tuple(role.shm_mb for role in spec.task_roles))
+
+
 # A job's config never changes once stored, so a process builds each waiting
 # job's requests once instead of at every pass (a pass may look at thousands
 # of waiting jobs, several times a second under a burst). The specs behind
 # them come through the Job.spec memo, which the rest of the process shares.
-_roles_cache: dict[int, tuple[scheduler.RoleRequest, ...]] = {}
+_roles_cache: dict[int, _Asks] = {}
 _ROLES_CACHE_MAX = 20_000
 # Alike jobs (a sweep of one config) share one requests object, which the
 # scheduler then hashes once for all of them (scheduler._Kinds).
-_role_shapes: dict[tuple[scheduler.RoleRequest, ...], tuple[scheduler.RoleRequest, ...]] = {}
+_role_shapes: dict[_Asks, _Asks] = {}
 _request_memo: dict[int, scheduler.JobRequest] = {}
+
+
+def _among(ids: Iterable[int]) -> list[int] | RawSQL:
+    """`ids` for an `__in` filter: on PostgreSQL as one array parameter. A
+    pass filters by thousands of ids at once, and psycopg binds parameters
+    on the client: splitting the statement at thousands of placeholders and
+    quoting each cost more than running it (bench/scheduler_scale.py)."""
+    if connection.vendor == "postgresql":
+        return RawSQL("SELECT unnest(%s::bigint[])", [_array(ids)])
+    return list(ids)
+
+
+def _array(ids: Iterable[int]) -> str:
+    """PostgreSQL's text for an array of ids: quoting a list element by
+    element cost more than the rest of a statement of thousands."""
+    return "{" + ",".join(map(str, map(int, ids))) + "}"
 
 
 class _Waiting(NamedTuple):  # a tuple: a pass reads thousands
@@ -257,9 +288,7 @@ def _requests(waiting: list[_Waiting]) -> list[scheduler.JobRequest]:
         _role_shapes.clear()
         _request_memo.clear()
         missing = [job.id for job in waiting]
-    for job in Job.objects.filter(pk__in=missing).only("id", "owner_id", "name", "config").iterator(chunk_size=500):
-        roles = _roles(job.spec)
-        _roles_cache[job.pk] = _role_shapes.setdefault(roles, roles)
+    _remember_asks(missing)
     requests = []
     for job in waiting:
         # The scheduler only reads requests: one kept from the last pass
@@ -267,10 +296,20 @@ def _requests(waiting: list[_Waiting]) -> list[scheduler.JobRequest]:
         request = _request_memo.get(job.id)
         if request is None or request.overtaken != job.overtaken or request.vc != job.vc:
             request = _request_memo[job.id] = scheduler.JobRequest(
-                id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=_roles_cache[job.id],
+                id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=_roles_cache[job.id].roles,
                 overtaken=job.overtaken, owner=job.owner)
         requests.append(request)
     return requests
+
+
+def _remember_asks(job_ids: list[int]) -> None:
+    """Read these jobs' configs into `_roles_cache`."""
+    if not job_ids:
+        return
+    jobs = Job.objects.filter(pk__in=_among(job_ids)).only("id", "owner_id", "name", "config")
+    for job in jobs.iterator(chunk_size=500):
+        asks = _asks(job.spec)
+        _roles_cache[job.pk] = _role_shapes.setdefault(asks, asks)
 
 
 def user_quotas(waiting: list[_Waiting]) -> dict[tuple[str, int], scheduler.UserQuota]:
@@ -359,30 +398,39 @@ class _JobNetworks:
 
 @dataclass
 class _Start:
-    """A job the pass starts: its attempt and its tasks' placements, in
-    task role order."""
+    """A job the pass starts: its current attempt (id and job network) and
+    its tasks' placements, in task role order."""
 
-    job: Job
-    attempt: JobAttempt
+    job: Job  # id, owner, name and attempt number only: its config stays unread
+    attempt_id: int
+    subnet: str
     placements: list[scheduler.Placement]
+    shm_mb: dict[str, int]  # by task role
 
 
 def _starts(placed: dict[int, list[scheduler.Placement]]) -> list[_Start]:
     """The placed jobs still waiting, locked against a concurrent change of
     state (on PostgreSQL; SQLite's write lock is the pass's already), with
-    their current attempts; in the order they were placed."""
-    waiting = set(Job.objects.select_for_update().filter(pk__in=list(placed), state=State.WAITING)
-                  .values_list("pk", flat=True))
-    jobs = Job.objects.only("id", "owner_id", "name", "config", "attempt_number").in_bulk(waiting)
-    attempts = {(a.job_id, a.number): a for a in JobAttempt.objects.filter(job_id__in=waiting)}
+    their current attempts; in the order they were placed.
+
+    What their specs say comes from `_roles_cache`, which the pass's
+    `_requests` filled for every waiting job: no config is read again."""
+    jobs = {job.pk: job for job in Job.objects.select_for_update().filter(pk__in=_among(placed), state=State.WAITING)
+            .only("id", "owner_id", "name", "attempt_number")}
+    attempts = {(job_id, number): (pk, subnet) for job_id, number, pk, subnet in JobAttempt.objects
+                .filter(job_id__in=_among(jobs)).values_list("job_id", "number", "pk", "subnet")}
+    _remember_asks([job_id for job_id in jobs if job_id not in _roles_cache])
     starts = []
     for job_id, placements in placed.items():
-        if job_id not in waiting:
+        job = jobs.get(job_id)
+        if job is None:
             continue
-        job = jobs[job_id]
-        order = {role.name: i for i, role in enumerate(job.spec.task_roles)}
+        asks = _roles_cache[job_id]
+        order = {role.name: i for i, role in enumerate(asks.roles)}
         placements = sorted(placements, key=lambda p: (order[p.role], p.index))
-        starts.append(_Start(job, attempts[job_id, job.attempt_number], placements))
+        attempt_id, subnet = attempts[job_id, job.attempt_number]
+        shm = {role.name: shm for role, shm in zip(asks.roles, asks.shm_mb)}
+        starts.append(_Start(job, attempt_id, subnet, placements, shm))
     return starts
 
 
@@ -393,12 +441,12 @@ def _with_networks(starts: list[_Start]) -> list[_Start]:
     ready = []
     for start in starts:
         if len(start.placements) > 1:
-            subnet = networks.take(start.attempt.pk, len(start.placements))
+            subnet = networks.take(start.attempt_id, len(start.placements))
             if subnet is None:
                 Job.objects.filter(pk=start.job.pk).update(
                     waiting_reason="waiting for a free job network (JOB_SUBNET_POOL is used up)")
                 continue
-            start.attempt.subnet = str(subnet)
+            start.subnet = str(subnet)
         ready.append(start)
     return ready
 
@@ -406,45 +454,59 @@ def _with_networks(starts: list[_Start]) -> list[_Start]:
 def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -> list[tuple[str, int]]:
     """Every placed job RUNNING with its task attempts and allocations, a
     few statements for the whole pass; (node name, attempt id) to launch."""
-    Job.objects.filter(pk__in=[start.job.pk for start in starts], state=State.WAITING).update(
-        state=State.RUNNING, waiting_reason="")
+    job_ids = [start.job.pk for start in starts]
+    Job.objects.filter(pk__in=_among(job_ids), state=State.WAITING).update(state=State.RUNNING, waiting_reason="")
     notifications.jobs_state_changed(jobs=[start.job for start in starts], previous=State.WAITING, state=State.RUNNING)
-    _many(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = %s WHERE {id} = %s",
-          [(State.RUNNING, start.attempt.subnet, start.attempt.pk) for start in starts])
+    _attempts_running(starts)
     tasks = {(job_id, role, index): pk for job_id, role, index, pk in Task.objects.filter(
-        job_id__in=[start.job.pk for start in starts]).values_list("job_id", "role", "index", "pk")}
+        job_id__in=_among(job_ids)).values_list("job_id", "role", "index", "pk")}
     now = timezone.now()
     rows: list[dict[str, Any]] = []
     placements: list[scheduler.Placement] = []
     for start in starts:
-        job, spec = start.job, start.job.spec
-        shm = {role.name: role.shm_mb for role in spec.task_roles}
+        job = start.job
         # Task i gets the subnet's (i+2)th address: .1 is the gateway.
-        first = ipaddress.ip_network(start.attempt.subnet).network_address + 2 if start.attempt.subnet else None
+        first = ipaddress.ip_network(start.subnet).network_address + 2 if start.subnet else None
         for i, p in enumerate(start.placements):
             node = nodes[p.node_id]
             rows.append({
-                "task_id": tasks[job.pk, p.role, p.index], "job_attempt_id": start.attempt.pk, "job_id": job.pk,
+                "task_id": tasks[job.pk, p.role, p.index], "job_attempt_id": start.attempt_id, "job_id": job.pk,
                 "number": job.attempt_number, "node_id": node.id, "node_name": node.name, "host_ip": node.address,
-                "ip": str(first + i) if first is not None else "", "cpus": p.cpus, "memory_mb": p.memory_mb, "shm_mb": shm[p.role],
-                "gpus": list(p.gpus), "gpu_type": p.gpu_type, "ports": p.ports, "assigned_at": now,
+                "ip": str(first + i) if first is not None else "", "cpus": p.cpus, "memory_mb": p.memory_mb,
+                "shm_mb": start.shm_mb[p.role], "gpus": list(p.gpus), "gpu_type": p.gpu_type, "ports": p.ports,
+                "assigned_at": now,
             })
             placements.append(p)
     _insert(TaskAttempt, rows)
     # The attempts' ids, by task (one attempt per task and job attempt).
-    ids = dict(TaskAttempt.objects.filter(job_attempt_id__in=[start.attempt.pk for start in starts])
+    ids = dict(TaskAttempt.objects.filter(job_attempt_id__in=_among([start.attempt_id for start in starts]))
                .values_list("task_id", "pk"))
-    _many(GpuAllocation, "INSERT INTO {table} ({node_id}, {index}, {attempt_id}) VALUES (%s, %s, %s)",
-          [(p.node_id, index, ids[row["task_id"]]) for row, p in zip(rows, placements) for index in p.gpus])
-    _many(PortAllocation, "INSERT INTO {table} ({address}, {port}, {node_id}, {attempt_id}) VALUES (%s, %s, %s, %s)",
-          [(row["host_ip"], port, p.node_id, ids[row["task_id"]]) for row, p in zip(rows, placements)
-           for ports in p.ports.values() for port in ports])
+    _insert_values(GpuAllocation, ["node_id", "index", "attempt_id"],
+                   [(p.node_id, index, ids[row["task_id"]]) for row, p in zip(rows, placements) for index in p.gpus])
+    _insert_values(PortAllocation, ["address", "port", "node_id", "attempt_id"],
+                   [(row["host_ip"], port, p.node_id, ids[row["task_id"]]) for row, p in zip(rows, placements)
+                    for ports in p.ports.values() for port in ports])
     return [(row["node_name"], ids[row["task_id"]]) for row in rows]
+
+
+def _attempts_running(starts: list[_Start]) -> None:
+    """The starts' job attempts RUNNING, each with its job network."""
+    if connection.vendor != "postgresql":
+        _many(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = %s WHERE {id} = %s",
+              [(State.RUNNING, start.subnet, start.attempt_id) for start in starts])
+        return
+    # One statement over two arrays: executemany would send one per attempt
+    # (several times slower for thousands of them).
+    ids, subnets = _array(start.attempt_id for start in starts), [start.subnet for start in starts]
+    with connection.cursor() as cursor:
+        cursor.execute(_sql(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = given.subnet "
+                                        "FROM unnest(%s::bigint[], %s::text[]) AS given(id, subnet) "
+                                        "WHERE {table}.{id} = given.id"), [State.RUNNING, ids, subnets])
 
 
 def _insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
     """INSERT `rows` (values by field attname, the same fields in each) into
-    `model`'s table in one executemany; the fields they leave out get their
+    `model`'s table (`_insert_values`); the fields they leave out get their
     defaults, as a new instance would. What bulk_create does, without an
     instance per row (a pass may create thousands: bench/scheduler_scale.py)."""
     if not rows:
@@ -453,8 +515,8 @@ def _insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
     given = rows[0].keys()
     defaults = {field.attname: field.get_db_prep_save(field.get_default(), connection)
                 for field in fields if field.attname not in given}
-    # Plain numbers and text go to the driver as they are; JSON and times
-    # are turned into what this database stores.
+    # Plain numbers and text go to the driver as they are; JSON becomes its
+    # text (what SQLite stores and COPY reads), times what this database stores.
     prepared = {field.attname: field for field in fields
                 if field.attname in given and field.get_internal_type() in ("JSONField", "DateTimeField", "DateField")}
     template = [defaults.get(field.attname) for field in fields]
@@ -468,32 +530,47 @@ def _insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
             value = row[name]
             if field is None:
                 values[i] = value
+            elif isinstance(field, models.JSONField):
+                values[i] = None if value is None else json.dumps(value, cls=field.encoder)
             else:
                 seen = last.get(name)
                 if seen is None or seen[0] is not value:
                     seen = last[name] = (value, field.get_db_prep_save(value, connection))
                 values[i] = seen[1]
         params.append(values)
+    _insert_values(model, [field.attname for field in fields], params)
+
+
+def _insert_values(model: type[models.Model], names: list[str], rows: list[Sequence[Any]]) -> None:
+    """INSERT `rows`, each the values of the fields `names` (attnames), into
+    `model`'s table: by COPY on PostgreSQL, by one executemany on SQLite
+    (which runs it in one call). For thousands of rows COPY took a third of
+    the time of executemany, whose every row psycopg sends as a statement
+    of its own (bench/scheduler_scale.py)."""
+    if not rows:
+        return
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in fields)
+    table = quote(model._meta.db_table)
+    columns = ", ".join(quote(model._meta.get_field(name).column) for name in names)
     with connection.cursor() as cursor:
-        # executemany: SQLite runs it in one call, psycopg in pipeline mode;
-        # both were faster here than multi-row VALUES of this many columns.
-        cursor.executemany(f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
-                           f"VALUES ({', '.join(['%s'] * len(fields))})", params)
+        if connection.vendor != "postgresql":
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(names))})", rows)
+            return
+        # COPY is psycopg's own: through Django's error wrapper, so that a
+        # duplicate allocation is an IntegrityError as from any statement.
+        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
 
 
 def _many(model: type[models.Model], sql: str, rows: list[tuple]) -> None:
     """One statement run for many rows: `sql` names `model`'s table and
     columns as {table} and {<field attname>}. For the plain rows a pass
-    writes by the thousand (allocations, attempt states), where building
-    and saving a model instance per row cost more than the writing itself
-    (bench/scheduler_scale.py); the same SQL on SQLite and PostgreSQL."""
+    writes by the thousand, where building and saving a model instance per
+    row cost more than the writing itself (bench/scheduler_scale.py)."""
     if not rows:
         return
     with connection.cursor() as cursor:
-        # SQLite runs executemany in one call, psycopg in pipeline mode:
-        # measured faster here than multi-row statements or CASE updates.
         cursor.executemany(_sql(model, sql), rows)
 
 
@@ -529,12 +606,17 @@ def _record_waiting(plan: _Plan) -> None:
         reason = plan.decision.waiting.get(job.id, job.waiting_reason)
         if job.id not in plan.decision.placed and reason != job.waiting_reason:
             changed[reason].append(job.id)
-    # A pass that places many jobs changes hundreds of reasons (each says
+    # A pass that places many jobs changes thousands of reasons (each says
     # what is free now): plain statements, not a query built per reason.
+    postgres = connection.vendor == "postgresql"
     with connection.cursor() as cursor:
         for reason, ids in changed.items():
-            cursor.execute(_sql(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s AND {id} IN ({ids})",
-                                ids=", ".join(["%s"] * len(ids))), [reason, State.WAITING, *ids])
+            if postgres:  # one array parameter (see `_among`)
+                cursor.execute(_sql(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s "
+                                         "AND {id} = ANY(%s::bigint[])"), [reason, State.WAITING, _array(ids)])
+            else:
+                cursor.execute(_sql(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s AND {id} IN ({ids})",
+                                    ids=", ".join(["%s"] * len(ids))), [reason, State.WAITING, *ids])
 
 
 def _place(plan: _Plan) -> list[tuple[str, int]]:
@@ -559,9 +641,29 @@ def schedule_pass() -> int:
     Its duration goes to /metrics (queues.record_pass_duration)."""
     started = time.perf_counter()
     try:
-        return _schedule_pass()
+        with _collector_paused():
+            return _schedule_pass()
     finally:
         _record_duration(time.perf_counter() - started)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off for the pass. A pass makes tens of
+    thousands of objects that live until it ends (rows read, requests,
+    placements), and each full collection they trigger walks every object of
+    the process (the spec and request caches: over 100,000) to find nothing:
+    two of those were a third of a pass's CPU (bench/scheduler_scale.py).
+    Reference counting frees the pass's objects as it ends; cycles among
+    them wait for the next collection. Nested or concurrent passes leave the
+    collector as the first found it, give or take a collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _record_duration(seconds: float) -> None:
@@ -572,13 +674,18 @@ def _record_duration(seconds: float) -> None:
 
 
 def _schedule_pass() -> int:
-    """A first look is taken without the write lock: on SQLite that lock is
+    """On SQLite a first look is taken without the write lock: that lock is
     the whole database's, and a pass over thousands of waiting jobs would
     hold up every submission meanwhile. Only when a job can start is the
     pass done again under the lock, so placements see every allocation
-    committed before them."""
+    committed before them. On PostgreSQL the lock is one row's, which only
+    other passes take: a pass takes it first and looks once."""
     queues.schedule_pass_started()
     nodes_mark_lost()
+    if connection.vendor == "postgresql":
+        with transaction.atomic():
+            _lock_passes()
+            return _carry_out(_plan(_read()))
     plan = _plan(_read())
     if not plan.decision.placed:
         # Each reason's UPDATE stands on its own; no transaction, so a pass
@@ -586,11 +693,23 @@ def _schedule_pass() -> int:
         _record_waiting(plan)
         return 0
     with transaction.atomic():
-        list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
+        _lock_passes()
         inputs = _read()
         if inputs != plan.inputs:  # else the same inputs decide the same: no need to decide again
             plan = _plan(inputs)
-        launches = _place(plan)
-        _record_waiting(plan)
-        transaction.on_commit(lambda: queues.enqueue_launches(launches))
+        return _carry_out(plan)
+
+
+def _lock_passes() -> None:
+    """Wait for any other pass to end (SQLite's write lock is taken at BEGIN already)."""
+    list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
+
+
+def _carry_out(plan: _Plan) -> int:
+    """Write the plan's placements and waiting reasons in the pass's
+    transaction; the launch requests go out after commit. Returns how many
+    tasks start."""
+    launches = _place(plan) if plan.decision.placed else []
+    _record_waiting(plan)
+    transaction.on_commit(lambda: queues.enqueue_launches(launches))
     return len({attempt_id for _name, attempt_id in launches})

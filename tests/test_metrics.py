@@ -26,6 +26,7 @@ from jobs.models import (
     LogLine,
     Node,
     TaskAttempt,
+    TaskUsage,
     VirtualCluster,
 )
 from jobs.services import tokens
@@ -207,3 +208,78 @@ def test_a_scrape_takes_the_same_few_queries_however_big_the_cluster(admin_user,
     for i in range(20):
         nodes(f"m-q{i}", gpus=["V100"] * 4)
     assert queries() == first <= 10
+
+
+def test_the_exposition_parses_with_every_family_typed(admin_user, nodes, redis_server):
+    """The text is written by hand (jobs/metrics.py): prometheus_client's own
+    parser reads every family back with its declared type, and label values
+    with quotes, backslashes and newlines come back as they were."""
+    odd = 'V100 "sxm"\\2\nb'
+    node = nodes("m-odd", gpus=[odd, odd])
+    text = scrape(logged_in(admin_user)).content.decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert {name: families[name].type for name in (
+        "portal_jobs", "portal_jobs_waiting", "portal_jobs_submitted", "portal_log_lines_written",
+        "portal_task_attempts", "portal_node_up", "portal_node_ready", "portal_node_heartbeat_age_seconds",
+        "portal_node_gpus_free", "portal_node_gpus_used", "portal_redis_up", "portal_rq_queue_depth",
+        "portal_schedule_pass_duration_seconds")} == {
+        "portal_jobs": "gauge", "portal_jobs_waiting": "gauge", "portal_jobs_submitted": "counter",
+        "portal_log_lines_written": "counter", "portal_task_attempts": "gauge", "portal_node_up": "gauge",
+        "portal_node_ready": "gauge", "portal_node_heartbeat_age_seconds": "gauge", "portal_node_gpus_free": "gauge",
+        "portal_node_gpus_used": "gauge", "portal_redis_up": "gauge", "portal_rq_queue_depth": "gauge",
+        "portal_schedule_pass_duration_seconds": "histogram"}
+    assert not [family.name for family in families.values() if family.type == "unknown"]
+    free = {s.labels["gpu_type"]: s.value for s in families["portal_node_gpus_free"].samples
+            if s.labels["node"] == node.name}
+    assert free == {odd: 2}
+    assert text.endswith("\n") and "\n\n" not in text
+
+
+def test_each_running_task_shows_its_newest_recent_sample_with_gpu_figures(admin_user, alice, nodes):
+    """The newest sample by time, whatever order the rows were written in;
+    averaged rows and samples older than three periods never count; a task
+    with no recent sample and a task no longer running show nothing."""
+    node = nodes("m-use", gpus=["V100", "V100"])
+    job = submit(alice, config(f"mu_{uuid.uuid4().hex[:6]}", role(tasks=3, gpus=64)))
+    now = timezone.now()
+    attempts = [TaskAttempt.objects.create(task=task, job_attempt=job.attempts.get(), job=job, number=1, node=node,
+                                           node_name=node.name, state=state, gpus=[i % 2], gpu_type="V100")
+                for i, (task, state) in enumerate(zip(job.tasks.order_by("index"), ["RUNNING", "RUNNING",
+                                                                                       "SUCCEEDED"]))]
+    fresh, stale, ended = attempts
+    gpu = [{"index": 1, "utilPercent": 97.5, "memoryUsedBytes": 3 << 30}]
+    TaskUsage.objects.bulk_create([
+        TaskUsage(attempt=fresh, at=now - timedelta(seconds=1), cpu_percent=150.0, memory_bytes=5 << 30,
+                  network_rx_bytes=11, network_tx_bytes=13, gpus=gpu),  # written first, yet the newest
+        TaskUsage(attempt=fresh, at=now - timedelta(seconds=6), cpu_percent=10.0, memory_bytes=1, gpus=[]),
+        TaskUsage(attempt=fresh, at=now, averaged=True, cpu_percent=99.0, memory_bytes=2, gpus=[]),
+        TaskUsage(attempt=stale, at=now - timedelta(hours=1), cpu_percent=20.0, memory_bytes=3, gpus=[]),
+        TaskUsage(attempt=ended, at=now, cpu_percent=30.0, memory_bytes=4, gpus=[]),
+    ])
+    try:
+        response = scrape(logged_in(admin_user))
+    finally:
+        TaskAttempt.objects.filter(pk__in=[a.pk for a in attempts]).delete()
+    found = samples(response)
+    # Each family's samples under its declared type (a counter's _total samples too, not an untyped family).
+    types = {family.name: family.type for family in text_string_to_metric_families(response.content.decode())
+             if family.samples}
+    assert {name: types[name] for name in (
+        "portal_task_cpu_percent", "portal_task_memory_bytes", "portal_task_network_receive_bytes",
+        "portal_task_network_transmit_bytes", "portal_task_gpus_idle", "portal_task_gpu_utilization_percent",
+        "portal_task_gpu_memory_used_bytes")} == {
+        "portal_task_cpu_percent": "gauge", "portal_task_memory_bytes": "gauge",
+        "portal_task_network_receive_bytes": "counter", "portal_task_network_transmit_bytes": "counter",
+        "portal_task_gpus_idle": "gauge", "portal_task_gpu_utilization_percent": "gauge",
+        "portal_task_gpu_memory_used_bytes": "gauge"}
+    labels = {"job": f"{alice.username}~{job.name}", "user": alice.username, "task": "main-0", "node": node.name}
+    assert value(found, "portal_task_cpu_percent", **labels) == 150.0
+    assert value(found, "portal_task_memory_bytes", **labels) == 5 << 30
+    assert value(found, "portal_task_network_receive_bytes_total", **labels) == 11
+    assert value(found, "portal_task_network_transmit_bytes_total", **labels) == 13
+    assert value(found, "portal_task_gpus_idle", **labels) == 0
+    assert value(found, "portal_task_gpu_utilization_percent", gpu="1", **labels) == 97.5
+    assert value(found, "portal_task_gpu_memory_used_bytes", gpu="1", **labels) == 3 << 30
+    mine = [dict(labels) for name, labels in found if name.startswith("portal_task_") and dict(labels).get("job")
+            == f"{alice.username}~{job.name}"]
+    assert {item["task"] for item in mine} == {"main-0"}

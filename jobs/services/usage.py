@@ -34,7 +34,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Min
+from django.db.models import Min
 from django.utils import timezone
 
 from jobs.models import IdleGpus, Job, TaskAttempt, TaskState, TaskUsage
@@ -267,42 +267,6 @@ def task_samples(attempt_id: int, *, since: datetime | None = None, limit: int =
     newest = list(rows.order_by("-at")[:limit])
     newest.reverse()
     return newest
-
-
-@dataclass(frozen=True)
-class LatestUsage:
-    """The newest sample of one running task, with the labels /metrics gives it."""
-
-    job: str  # user~name
-    user: str
-    task: str  # role-index
-    node: str
-    cpu_percent: float
-    memory_bytes: int
-    network_rx_bytes: int
-    network_tx_bytes: int
-    gpus: list[dict[str, Any]]
-    idle: bool
-
-
-def latest_of_running(*, now: datetime | None = None) -> list[LatestUsage]:
-    """The newest sample of each running task, if it is recent (three
-    sampling periods), with its task's labels: one query however many tasks
-    run (bench/metrics_scrape.py: about 13 ms for 1,000 tasks)."""
-    now = now or timezone.now()
-    recent = now - timedelta(seconds=3 * settings.USAGE_SAMPLE_SECONDS)
-    # Each task's newest row of the window (its agent writes its rows in
-    # order, so the highest id), joined to its labels: one query.
-    newest_ids = (TaskUsage.objects.filter(at__gte=recent, averaged=False).order_by().values("attempt_id")
-                  .annotate(last=Max("id")).values("last"))
-    rows = (TaskUsage.objects.filter(id__in=newest_ids, attempt__state=TaskState.RUNNING)
-            .values_list("attempt_id", "cpu_percent", "memory_bytes", "network_rx_bytes", "network_tx_bytes", "gpus",
-                         "attempt__job__owner__username", "attempt__job__name", "attempt__task__role",
-                         "attempt__task__index", "attempt__node_name", "attempt__idle_gpus__since"))
-    return [LatestUsage(job=f"{user}~{name}", user=user, task=f"{role}-{index}", node=node, cpu_percent=cpu,
-                        memory_bytes=memory, network_rx_bytes=rx, network_tx_bytes=tx, gpus=gpus or [],
-                        idle=idle_at is not None)
-            for _id, cpu, memory, rx, tx, gpus, user, name, role, index, node, idle_at in rows]
 
 
 def idle_job_ids(job_ids: Iterable[int]) -> dict[int, datetime | None]:

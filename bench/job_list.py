@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import secrets
 import shutil
 import sqlite3
 import statistics
@@ -36,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.stack import configure_django, free_port, percentile  # noqa: E402
+from bench.stack import configure_django, percentile, postgres_server  # noqa: E402
 
 VAR = ROOT / "var" / "bench" / "job_list"
 PG_VAR = ROOT / "var" / "bench" / "job_list_postgres"
@@ -241,20 +240,6 @@ def _stored_jobs(database: Path) -> int:
         return -1
 
 
-def _postgres_server():
-    """The bench's own PostgreSQL (its data kept for --reuse), started."""
-    from tests.postgres_server import PostgresServer
-
-    PG_VAR.mkdir(parents=True, exist_ok=True)
-    password_file = PG_VAR / "password"
-    if not password_file.exists():
-        password_file.touch(mode=0o600)
-        password_file.write_text(secrets.token_urlsafe(24))
-    server = PostgresServer(PG_VAR / "data", port=free_port(), password=password_file.read_text())
-    server.start()
-    return server
-
-
 def _stored_jobs_postgres(server) -> int:
     import psycopg
 
@@ -311,7 +296,7 @@ def main() -> None:
     if args.database == "sqlite":
         run(args)
         return
-    server = _postgres_server()
+    server = postgres_server(PG_VAR)
     try:
         run(args, server)
     finally:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import secrets
 import shutil
 import signal
 import statistics
@@ -35,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.stack import configure_django, free_port, percentile  # noqa: E402
+from bench.stack import configure_django, percentile, postgres_server  # noqa: E402
 
 VAR = ROOT / "var" / "bench" / "metrics_scrape"
 PG_VAR = ROOT / "var" / "bench" / "metrics_scrape_postgres"
@@ -63,17 +62,9 @@ def configure(database_url: str | None = None) -> None:
     configure_django(VAR, "bench-metrics-scrape", **({"DATABASE_URL": database_url} if database_url else {}))
 
 
-def postgres_server():
+def empty_postgres():
     """The bench's own PostgreSQL, started, with an empty database."""
-    from tests.postgres_server import PostgresServer
-
-    PG_VAR.mkdir(parents=True, exist_ok=True)
-    password_file = PG_VAR / "password"
-    if not password_file.exists():
-        password_file.touch(mode=0o600)
-        password_file.write_text(secrets.token_urlsafe(24))
-    server = PostgresServer(PG_VAR / "data", port=free_port(), password=password_file.read_text())
-    server.start()
+    server = postgres_server(PG_VAR)
     server.drop_database(PG_DATABASE)
     server.create_database(PG_DATABASE)
     return server
@@ -224,7 +215,7 @@ def main() -> None:
     server = None
     try:
         if args.database == "postgres":
-            server = postgres_server()
+            server = empty_postgres()
             configure(server.url(PG_DATABASE))
             where = f"PostgreSQL 15, database {PG_DATABASE}"
         else:

@@ -143,6 +143,21 @@ def configure_django(var: Path, instance: str, **extra: str) -> None:
     django.setup()
 
 
+def postgres_server(folder: Path):
+    """A bench's own PostgreSQL 15 (tests/postgres_server.py), started, its
+    data and password kept in `folder` so that a later run can reuse them."""
+    from tests.postgres_server import PostgresServer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    password_file = folder / "password"
+    if not password_file.exists():
+        password_file.touch(mode=0o600)
+        password_file.write_text(secrets.token_urlsafe(24))
+    server = PostgresServer(folder / "data", port=free_port(), password=password_file.read_text())
+    server.start()
+    return server
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

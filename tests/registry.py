@@ -47,3 +47,15 @@ def running_registry(folder: Path, *, users: dict[str, str] | None = None) -> It
             process.kill()
             process.wait(5)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def registry_agent(cluster, registry: str, name: str, *, gpus: int, gpu_type: str) -> Iterator[str]:
+    """A node agent of its own (the cluster's port range 5), to which the
+    admin opened the loopback registry; stopped at the end."""
+    cluster.start_agent(name, ports=cluster.port_range(5), gpus=gpus, gpu_type=gpu_type,
+                        env={"REGISTRY_ALLOWED": registry})
+    try:
+        yield name
+    finally:
+        cluster.agent(name).stop()

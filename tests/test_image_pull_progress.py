@@ -27,7 +27,7 @@ from tests.browser import login as browser_login
 from tests.browser import screenshot
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, login, role, submit, wait_state
-from tests.registry import running_registry
+from tests.registry import registry_agent, running_registry
 
 pytestmark = pytest.mark.services
 
@@ -77,14 +77,9 @@ def forget(image: str) -> None:
 
 @pytest.fixture(scope="module")
 def pull_node(cluster, registry) -> Iterator[str]:
-    """An agent of its own with GPUS GPUs (a blocker job can hold them), to
-    which the admin opened the loopback registry."""
-    cluster.start_agent(NODE, ports=cluster.port_range(5), gpus=GPUS, gpu_type=GPU_TYPE,
-                        env={"REGISTRY_ALLOWED": registry})
-    try:
-        yield NODE
-    finally:
-        cluster.agent(NODE).stop()
+    """With GPUS GPUs: a blocker job can hold them."""
+    with registry_agent(cluster, registry, NODE, gpus=GPUS, gpu_type=GPU_TYPE) as name:
+        yield name
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from django.conf import settings as django_settings
 
 from jobs.models import ExitType, State
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
-from tests.registry import running_registry
+from tests.registry import registry_agent, running_registry
 
 pytestmark = pytest.mark.services
 
@@ -60,13 +60,8 @@ def private_image(registry) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def registry_node(cluster, registry) -> Iterator[str]:
-    """An agent of its own, to which the admin opened the loopback registry."""
-    cluster.start_agent(NODE, ports=cluster.port_range(5), gpus=2, gpu_type=GPU_TYPE,
-                        env={"REGISTRY_ALLOWED": registry})
-    try:
-        yield NODE
-    finally:
-        cluster.agent(NODE).stop()
+    with registry_agent(cluster, registry, NODE, gpus=2, gpu_type=GPU_TYPE) as name:
+        yield name
 
 
 @pytest.fixture(autouse=True)

@@ -69,6 +69,17 @@ def _task(job_id: int, role: str, index: str) -> Task:
     return task
 
 
+def _asked_attempt(request: HttpRequest, task: Task) -> TaskAttempt | None:
+    """The attempt `?attempt=N` names, or the task's latest; None if it has
+    none yet. A named attempt that does not exist is an error."""
+    number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6)
+    attempts = TaskAttempt.objects.filter(task=task)
+    attempt = (attempts.filter(number=number) if number else attempts).order_by("-number").first()
+    if attempt is None and number:
+        raise ApiError("NoTaskError", f"Task {task.role}-{task.index} has no attempt {number}.")
+    return attempt
+
+
 @handler(Access.USER)
 def _log(request: HttpRequest, username: str, name: str, role: str, index: str) -> HttpResponse:
     """Lines of one stream of a task's container after a cursor: pass `next`
@@ -80,12 +91,8 @@ def _log(request: HttpRequest, username: str, name: str, role: str, index: str) 
         raise invalid(f"stream must be one of {', '.join(STREAMS)}, got {stream_name!r}.")
     after = int_param(request.GET, "after", default=-1, minimum=-1, maximum=2**31)
     limit = int_param(request.GET, "limit", default=1000, minimum=1, maximum=MAX_LINES)
-    number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6)
-    attempts = TaskAttempt.objects.filter(task=task)
-    attempt = (attempts.filter(number=number) if number else attempts).order_by("-number").first()
+    attempt = _asked_attempt(request, task)
     if attempt is None:
-        if number:
-            raise ApiError("NoTaskError", f"Task {role}-{index} has no attempt {number}.")
         return ok({"attempt": None, "taskState": "WAITING", "stream": stream_name, "lines": [], "next": after,
                    "more": False, "truncated": False})
     page = read_lines(attempt.pk, STREAMS[stream_name], after=after, limit=limit + 1)

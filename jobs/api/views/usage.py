@@ -19,10 +19,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.dateparse import parse_datetime
 
 from jobs.api.auth import Access
-from jobs.api.errors import ApiError, invalid
+from jobs.api.errors import invalid
 from jobs.api.http import handler, ok, optional_int_param, resource
 from jobs.api.views.jobs import find_job
-from jobs.api.views.tasks import _task
+from jobs.api.views.tasks import _asked_attempt, _task
 from jobs.models import TaskAttempt
 from jobs.services import usage
 
@@ -45,12 +45,8 @@ def _task_metrics(request: HttpRequest, username: str, name: str, role: str, ind
     job = find_job(request, username, name)
     task = _task(job.pk, role, index)
     since = _since(request)
-    number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6)
-    attempts = TaskAttempt.objects.filter(task=task)
-    attempt = (attempts.filter(number=number) if number else attempts).order_by("-number").first()
+    attempt = _asked_attempt(request, task)
     if attempt is None:
-        if number:
-            raise ApiError("NoTaskError", f"Task {role}-{index} has no attempt {number}.")
         return ok({"attempt": None, "taskState": "WAITING", "samples": []})
     samples = usage.task_samples(attempt.pk, since=since)
     return ok({"attempt": attempt.number, "taskState": attempt.state,

@@ -11,7 +11,6 @@ every use is counted with its time and client address.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,6 +19,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.models import NodeJoinToken, User
+from jobs.services.tokens import key_hash
 
 TOKEN_PREFIX = "pjt_"
 PREFIX_LENGTH = 12  # "pjt_" and 8 random characters: shown, and enough to revoke by
@@ -46,17 +46,13 @@ class NewJoinToken:
     key: str  # the secret; never stored, shown once
 
 
-def _hash(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def join_token_create(*, by: User | None, seconds: int = DEFAULT_SECONDS, label: str = "") -> NewJoinToken:
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
         raise ValueError(f"the lifetime must be {MIN_SECONDS} to {MAX_SECONDS} seconds, not {seconds}")
     key = TOKEN_PREFIX + secrets.token_urlsafe(32)
     now = timezone.now()
     token = NodeJoinToken.objects.create(
-        key_hash=_hash(key), prefix=key[:PREFIX_LENGTH], label=label[:100], created_by=by, created_at=now,
+        key_hash=key_hash(key), prefix=key[:PREFIX_LENGTH], label=label[:100], created_by=by, created_at=now,
         expires_at=now + timedelta(seconds=seconds),
     )
     long_dead = now - KEEP_DEAD_TOKENS
@@ -68,7 +64,7 @@ def join_tokens_matching(prefix: str) -> list[NodeJoinToken]:
     """Tokens whose shown prefix starts with `prefix` (with or without
     "pjt_"), or the one token that is `prefix` in full."""
     prefix = prefix.strip()
-    whole = NodeJoinToken.objects.filter(key_hash=_hash(prefix)).first()
+    whole = NodeJoinToken.objects.filter(key_hash=key_hash(prefix)).first()
     if whole is not None:
         return [whole]
     if not prefix.startswith(TOKEN_PREFIX):
@@ -89,7 +85,7 @@ def join_token_use(key: str, *, client: str) -> NodeJoinToken:
     JoinTokenError saying why it is refused."""
     if not key:
         raise JoinTokenError("missing", "send the join token as 'Authorization: Bearer <token>'")
-    token = NodeJoinToken.objects.filter(key_hash=_hash(key)).first()
+    token = NodeJoinToken.objects.filter(key_hash=key_hash(key)).first()
     shown = key[:PREFIX_LENGTH] + "…" if key.startswith(TOKEN_PREFIX) else "given"
     if token is None:
         raise JoinTokenError("unknown", f"the join token ({shown}) is not known to this portal: mistyped, or made "

@@ -39,7 +39,8 @@ class NewToken:
     key: str  # the secret; never stored, shown once
 
 
-def _hash(key: str) -> str:
+def key_hash(key: str) -> str:
+    """What is stored of a secret key (API tokens, node join tokens)."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -47,7 +48,7 @@ def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToke
     key = TOKEN_PREFIX + secrets.token_urlsafe(32)
     now = timezone.now()
     token = ApiToken.objects.create(
-        user=user, key_hash=_hash(key), prefix=key[:12], label=label[:100], created_at=now, expires_at=now + lifetime
+        user=user, key_hash=key_hash(key), prefix=key[:12], label=label[:100], created_at=now, expires_at=now + lifetime
     )
     long_dead = now - KEEP_DEAD_TOKENS
     ApiToken.objects.filter(Q(expires_at__lt=long_dead) | Q(revoked_at__lt=long_dead), user=user).delete()
@@ -66,7 +67,7 @@ def tokens_revoke_all(*, user: User, keep_key: str | None = None) -> int:
     """Revoke every live token of `user` but the one whose secret is `keep_key`."""
     live = ApiToken.objects.filter(user=user, revoked_at__isnull=True)
     if keep_key:
-        live = live.exclude(key_hash=_hash(keep_key))
+        live = live.exclude(key_hash=key_hash(keep_key))
     revoked = live.update(revoked_at=timezone.now())
     if revoked:
         permissions_memo.permissions_changed()  # an UPDATE sends no signal
@@ -81,7 +82,7 @@ def token_authenticate(key: str) -> User:
     """The user a bearer token stands for, or TokenRejected saying why."""
     if not key.startswith(TOKEN_PREFIX) or len(key) > 200:
         raise TokenRejected("the token is not valid")
-    digest = _hash(key)
+    digest = key_hash(key)
     try:
         # The token row and its user are shared by this process's threads:
         # read, never changed, except last_used_at below.

@@ -179,11 +179,12 @@ def schedule_delivery_retry(delivery_id: int, due: float) -> None:
     connection().zadd(_notify_retries_key(), {str(delivery_id): due})
 
 
-def enqueue_due_notifications(limit: int = 100) -> int:
-    """Move the retries that are due onto the queue; returns how many. Run
-    by every agent at once: ZREM decides which one enqueues each."""
+def enqueue_due_notifications(limit: int = 100, *, now: float | None = None) -> int:
+    """Move the retries that are due (by `now`, a Unix time; the clock's by
+    default) onto the queue; returns how many. Run by every agent at once:
+    ZREM decides which one enqueues each."""
     redis = connection()
-    due = redis.zrangebyscore(_notify_retries_key(), "-inf", time.time(), start=0, num=limit)
+    due = redis.zrangebyscore(_notify_retries_key(), "-inf", time.time() if now is None else now, start=0, num=limit)
     moved = 0
     for member in due:
         if redis.zrem(_notify_retries_key(), member):

@@ -19,7 +19,8 @@ If the cache is unreachable the limiter lets logins through: a Redis outage
 must not lock everyone out of the portal.
 
 Second, plain per-user action limits (action_wait_seconds), such as the
-Submit page's live check of the config as it is typed.
+Submit page's live check of the config as it is typed and API submissions
+per token, counted in Redis directly (one round trip per action).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from django.contrib.auth import authenticate
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
+from redis.exceptions import RedisError
 
+from jobs import queues
 from jobs.models import User
 
 log = logging.getLogger(__name__)
@@ -143,18 +146,26 @@ def login_reset(*, username: str = "", address: str = "") -> None:
 def action_wait_seconds(*, action: str, who: str, limit: int, window: int) -> int:
     """Count one `action` by `who` (a user id, a token); 0 if it is within
     `limit` per `window` seconds, else how many seconds until it is. A fixed
-    window: cheap (two cache calls), and a burst can never pass 2 x limit."""
-    key = f"action:{action}:{_digest(who)}"
+    window, and a burst can never pass 2 x limit. One round trip to Redis on
+    the queues' shared connection: it is asked on every API submission,
+    where Django's cache (a client object built per call, a round trip per
+    step) cost as much as storing the job."""
+    key = f"{settings.PAI_INSTANCE}:action:{action}:{_digest(who)}"
+    now = time.time()
     try:
-        cache.add(key + ":since", time.time(), timeout=window)
-        cache.add(key, 0, timeout=window)
-        if cache.incr(key) <= limit:
-            return 0
-        since = float(cache.get(key + ":since") or time.time())
-        return max(1, int(since + window - time.time()) + 1)
-    except Exception:  # the cache is down: never block work on the limiter
+        with queues.connection().pipeline(transaction=True) as pipe:
+            # NX: the window starts at the first action and later ones do not push it back.
+            pipe.set(key + ":since", now, nx=True, ex=window)
+            pipe.set(key, 0, nx=True, ex=window)
+            pipe.incr(key)
+            pipe.get(key + ":since")
+            _, _, count, since = pipe.execute()
+    except RedisError:  # Redis is down: never block work on the limiter
         log.warning("rate limit unavailable", exc_info=True)
         return 0
+    if count <= limit:
+        return 0
+    return max(1, int(float(since or now) + window - now) + 1)
 
 
 class LoginThrottled(Exception):

@@ -14,6 +14,12 @@ That is one hand-over each way instead of four or more: about 15% of the
 CPU a job submission costs (measured with bench/api_submit_rate.py). Streaming responses (log and file
 downloads) and bigger or chunked uploads keep a2wsgi's piece-by-piece path,
 so memory stays bounded for them.
+
+A bigger body of known length (a file upload) is read ahead by the loop, up
+to READ_AHEAD_BYTES, while the view's thread parses what came before: with
+a2wsgi's own body each piece waited for a round trip to the loop, which only
+then let uvicorn read on from the socket, so receiving and parsing took
+turns (bench/hdfs_transfer.py).
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import threading
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 from a2wsgi.wsgi import Body, WSGIMiddleware, WSGIResponder, build_environ
 
 PREREAD_BYTES = 256 * 1024
+READ_AHEAD_BYTES = 1024 * 1024
 
 
 class _ReadBody(Body):
@@ -36,6 +45,60 @@ class _ReadBody(Body):
         super().__init__(loop, receive)
         self.buffer.extend(data)
         self._has_more = False
+
+
+class _ReadAheadBody(Body):
+    """a2wsgi's request body, received by a task on the loop as fast as the
+    client sends it, up to READ_AHEAD_BYTES ahead of the view's reads (plus
+    one message: memory stays bounded). The view's thread takes what came
+    without a round trip to the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, receive: Any) -> None:
+        super().__init__(loop, receive)
+        self._ready: deque[bytes] = deque()
+        self._ready_bytes = 0
+        self._ended = False
+        self._changed = threading.Condition()
+        self._room = asyncio.Event()  # made on the loop: _Responder runs there
+        self._room.set()
+        self.task = loop.create_task(self._receive_ahead())
+
+    async def _receive_ahead(self) -> None:
+        try:
+            more = True
+            while more:
+                await self._room.wait()
+                message = await self.receive()
+                # A disconnect ends the body: the view sees it short, as with a2wsgi's.
+                more = message["type"] == "http.request" and message.get("more_body", False)
+                body = message.get("body", b"") if message["type"] == "http.request" else b""
+                with self._changed:
+                    if body:
+                        self._ready.append(body)
+                        self._ready_bytes += len(body)
+                    if self._ready_bytes >= READ_AHEAD_BYTES:
+                        self._room.clear()
+                    self._changed.notify()
+        finally:  # the end, a failure or the response done (cancelled)
+            with self._changed:
+                self._ended = True
+                self._changed.notify()
+
+    def _receive_more_data(self) -> bytes:
+        """What a2wsgi's read and readline call for the next message."""
+        with self._changed:
+            while not self._ready and not self._ended:
+                self._changed.wait()
+            if not self._ready:
+                self._has_more = False
+                return b""
+            body = self._ready.popleft()
+            self._ready_bytes -= len(body)
+            if self._ended and not self._ready:
+                self._has_more = False
+            if self._ready_bytes < READ_AHEAD_BYTES and not self._room.is_set():
+                self.loop.call_soon_threadsafe(self._room.set)
+        return body
 
 
 def _content_length(scope: dict[str, Any]) -> int | None:
@@ -70,7 +133,9 @@ class _Responder(WSGIResponder):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         length = _content_length(scope)
         if length is not None and length <= PREREAD_BYTES:
-            body = _ReadBody(self.loop, receive, await _read_body(receive))
+            body: Body = _ReadBody(self.loop, receive, await _read_body(receive))
+        elif length is not None:
+            body = _ReadAheadBody(self.loop, receive)
         else:
             body = Body(self.loop, receive)
         environ = build_environ(scope, body)
@@ -87,6 +152,8 @@ class _Responder(WSGIResponder):
         finally:
             if not sender.done():
                 sender.cancel()
+            if isinstance(body, _ReadAheadBody) and not body.task.done():
+                body.task.cancel()  # the view did not read it all
 
     def send(self, message: Any) -> None:
         if self.holding:

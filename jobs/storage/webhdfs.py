@@ -151,13 +151,29 @@ class WebHdfsBackend(Backend):
 
     def rename(self, source: str, target: str, *, overwrite: bool) -> None:
         """RENAME with renameoptions=OVERWRITE (HDFS's rename2, atomic) when
-        replacing; HdfsCLI's rename() cannot pass that option."""
+        replacing; HdfsCLI's rename() cannot pass that option. The target's
+        folder is made only when the rename finds it missing: usually it is
+        there, and an upload saves a request."""
         with self._errors(target):
-            self.client.makedirs(parent(target))
-            if overwrite:
-                self.client._rename(source, destination=target, renameoptions="OVERWRITE")
-            elif not self.client._rename(source, destination=target).json()["boolean"]:
-                raise StorageError(f"{target} already exists")
+            if not self._rename_into(source, target, overwrite=overwrite):
+                self.client.makedirs(parent(target))
+                if not self._rename_into(source, target, overwrite=overwrite):
+                    raise StorageError(f"{target} already exists")
+
+    def _rename_into(self, source: str, target: str, *, overwrite: bool) -> bool:
+        """One RENAME; False when the target's folder is missing (or, without
+        overwrite, the target exists: plain rename says only "false")."""
+        if not overwrite:
+            return bool(self.client._rename(source, destination=target).json()["boolean"])
+        try:
+            self.client._rename(source, destination=target, renameoptions="OVERWRITE")
+        except HdfsError as exc:
+            # rename2 names a missing target folder as FileNotFoundException
+            # ("rename destination parent ... not found").
+            if getattr(exc, "exception", None) == "FileNotFoundException" and "destination parent" in exc.message:
+                return False
+            raise
+        return True
 
     def usage(self, path: str) -> tuple[int, int]:
         """The namenode's content summary (GETCONTENTSUMMARY): one request."""

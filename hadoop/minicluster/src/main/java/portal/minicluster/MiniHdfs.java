@@ -52,6 +52,16 @@ public final class MiniHdfs {
         // MiniDFSCluster puts the NameNode on 127.0.0.1 and the DataNode on 127.0.0.1:0.
         conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");
         conf.set("dfs.namenode.http-bind-host", "127.0.0.1");
+        // Closing a file (WebHDFS CREATE's last step, run by a DFSClient in the
+        // DataNode) races the DataNode's report of the last block: when the
+        // NameNode has not had it yet ("COMMITTED but not COMPLETE" in its
+        // log), the client sleeps the initial delay, 400 ms by default, and
+        // asks again. That was 0.4 s on about half of the uploads here, on a
+        // transfer that takes about 1 s. With 25 ms it asks again soon; 10
+        // retries (25 ms doubling) still wait up to 25 s in all, longer than
+        // the default's 5 (12 s), for a busy machine.
+        conf.setInt("dfs.client.block.write.locateFollowingBlock.initial.delay.ms", 25);
+        conf.setInt("dfs.client.block.write.locateFollowingBlock.retries", 10);
         // Permission checks resolve groups through UGI's own configuration.
         UserGroupInformation.setConfiguration(conf);
 

@@ -26,6 +26,7 @@ _LITERALS = {"true": True, "false": False, "null": None}
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 # Whitespace, // line comments and closed /* */ comments, in any number.
 _SKIP_RE = re.compile(r"(?:[ \t\n\r]+|//[^\n]*|/\*.*?\*/)*", re.DOTALL)
+_GAP_STARTS = frozenset(" \t\n\r/")  # what such a gap may start with ("", the end, is not one)
 
 
 @dataclass
@@ -164,7 +165,10 @@ class _Reader:
         return JsoncSyntaxError(message, line, column)
 
     def skip(self) -> None:
-        # One regex call (C speed) per gap; this runs between every two tokens.
+        # Most gaps are empty (compact JSON): a look at one character, no regex.
+        if self.text[self.pos : self.pos + 1] not in _GAP_STARTS:
+            return
+        # Otherwise one regex call (C speed) per gap; this runs between every two tokens.
         self.pos = _SKIP_RE.match(self.text, self.pos).end()  # type: ignore[union-attr]
         if self.text.startswith("/*", self.pos):
             raise self.fail("comment opened with /* is never closed")

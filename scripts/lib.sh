@@ -13,11 +13,20 @@ PY="$VENV/bin/python"
 # and what is made in it here too. With the group postgres it stays 0710: the
 # local PostgreSQL's user passes through to its data folder and can list or
 # read nothing else (SECURITY.md, finding 12).
+# Every process started from here makes its files private too (Redis' dump,
+# logs, the SQLite file, stored files): 0640 files, 0750 folders, nothing for
+# others, not even below var/. Group access stays for the modes the portal
+# sets itself (users' files 0640 in 0750 folders). Staged code is opened for
+# containers explicitly (jobs/node/staging.py), PostgreSQL sets its own
+# umask, dockerd its own (022), and build_images goes back to 022 for images.
+umask 027
 mkdir -p "$VAR"
 if [ "$(stat -c %G "$VAR")" = postgres ]; then chmod 710 "$VAR"; else chmod 700 "$VAR"; fi
 mkdir -p -m 700 "$VAR/run" "$RUN" "$LOGDIR"
 chmod 700 "$VAR/run" "$RUN" "$LOGDIR"
 find "$LOGDIR" -maxdepth 1 -type f -name '*.log' -exec chmod 600 {} + 2>/dev/null || true
+# A dump an older run left world-readable (Redis writes the next one anew, under the umask).
+[ -f "$VAR/redis.rdb" ] && chmod 600 "$VAR/redis.rdb"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -110,7 +119,9 @@ ensure_docker() {
 }
 
 build_images() {
-  "$ROOT/scripts/build-images"
+  # Files put into images (a rootfs, its /etc/passwd) must stay readable
+  # there for any user an image runs as: the default umask, for this only.
+  (umask 022; "$ROOT/scripts/build-images")
 }
 
 secret() {

@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 import pytest
 from django.conf import settings as django_settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from jobs import storage
+from jobs import services, storage
 from jobs.models import Job, JobAttempt, LogLine, State, Stream, Task, TaskAttempt, TaskState, VirtualCluster
 from jobs.node.launcher.docker import DockerEngine
 from jobs.node.logwriter import LogWriter
 from jobs.node.staging import upload_output
 from jobs.spec import parse_job_value
-from tests.helpers import config, role
+from tests.cluster import Cluster
+from tests.helpers import config, lines, role, wait_state
 from tests.services import BUSYBOX_IMAGE
 from tests.settings import TEST_ENV
 from tests.test_storage import hdfs_server, on_hdfs  # noqa: F401  (fixtures)
@@ -120,6 +122,75 @@ def test_it_uploads_the_output_that_fits_and_says_why_the_rest_was_not(alice, st
     assert note.endswith("would pass the 1 files left in the job owner's storage quota")
     note = upload_output(engine, stopped_task, f"file:///Output/{alice.username}/none")
     assert note.startswith(f"nothing of /pai/output was uploaded to file:///Output/{alice.username}/none: /pai/output/f")
+
+
+# ------------------------------- the same limits on a node agent's real jobs
+
+DISK_GPU_TYPE = "DISKTEST"  # only this agent has it: the jobs below run there and nowhere else
+DISK_NODE = "t-node-disk"
+JOB_ROWS = 100  # LOG_MAX_ROWS_PER_JOB's smallest value
+
+
+@pytest.fixture(scope="module")
+def disk_node(cluster: Cluster) -> Iterator[str]:
+    """A node agent with small limits, set as a deployment sets them: its environment."""
+    cluster.start_agent(DISK_NODE, ports=cluster.port_range(5), gpus=1, gpu_type=DISK_GPU_TYPE,
+                        env={"OUTPUT_MAX_MB_PER_TASK": "1", "LOG_MAX_ROWS_PER_JOB": str(JOB_ROWS)})
+    yield DISK_NODE
+    cluster.agent(DISK_NODE).stop()
+
+
+def _on_disk_node(name: str, command: str, **top) -> dict:
+    return config(name, role(command=command, gpus=1), gpuType=DISK_GPU_TYPE, **top)
+
+
+def test_a_real_jobs_output_past_the_limit_stores_what_fits_and_its_log_says_why(disk_node, alice, alice_client, bob):
+    # Five 400 KB files against OUTPUT_MAX_MB_PER_TASK=1: two fit.
+    write = "mkdir -p /pai/output && for i in 1 2 3 4 5; do head -c 409600 /dev/zero > /pai/output/f$i; done"
+    target = f"file:///Output/{alice.username}/overlimit"
+    job = wait_state(services.job_submit(owner=alice, config=json.dumps(_on_disk_node("overlimit", write, outputDir=target)),
+                                         upload_outputs=True), State.SUCCEEDED, timeout=90)
+    notes = lines(job, Stream.PLATFORM)
+    said = [n for n in notes if "/pai/output" in n]
+    assert len(said) == 1, notes
+    match = re.search(rf"uploaded 2 files of /pai/output \(819200 bytes\) to {target}; the rest was not uploaded: "
+                      r"/pai/output/(f\d) \(409600 bytes\) would pass the limit of 1 MB per task "
+                      r"\(OUTPUT_MAX_MB_PER_TASK\)$", said[0])
+    assert match, said[0]
+    stored = storage.backend().list(f"/Output/{alice.username}/overlimit")
+    assert sorted(entry.size for entry in stored) == [409600, 409600]
+    assert match.group(1) not in {entry.path.rsplit("/", 1)[-1] for entry in stored}  # the file named as left out is not there
+
+    # The job page's platform log shows it to its owner, to nobody else.
+    attempt = TaskAttempt.objects.get(job=job)
+    log_url = f"/jobs/{job.pk}/logs/{attempt.pk}/platform/"
+    shown = alice_client.get(log_url)
+    assert shown.status_code == 200 and "would pass the limit of 1 MB per task (OUTPUT_MAX_MB_PER_TASK)" in shown.content.decode()
+    stranger = Client()
+    stranger.force_login(bob)
+    assert stranger.get(log_url).status_code == 404
+    assert "/login/" in Client().get(log_url)["Location"]
+
+
+def test_a_retried_tasks_second_attempt_stops_at_the_jobs_log_limit_counting_the_first(disk_node, alice):
+    # 60 lines per attempt: the first attempt's fit in 100 rows, the second's do not.
+    job = services.job_submit(owner=alice, config=json.dumps(_on_disk_node(
+        "retriedlog", 'for i in $(seq 1 60); do echo "attempt $PAI_JOB_ATTEMPT line $i"; done; exit 1', retryCount=1)))
+    job = wait_state(job, State.FAILED, timeout=120)
+    assert JobAttempt.objects.filter(job=job).count() == 2
+    first, second = lines(job, number=1), lines(job, number=2)
+    assert first == [f"attempt 1 line {i}" for i in range(1, 61)]  # kept whole
+    marker = (f"[log truncated: this job passed its limit of {JOB_ROWS} lines or 200 MB over all its tasks and "
+              "attempts (LOG_MAX_ROWS_PER_JOB, LOG_MAX_BYTES_PER_JOB); later output is not stored. "
+              "The task keeps running.]")
+    assert second[-1] == marker, second[-3:]
+    kept = second[:-1]
+    assert kept == [f"attempt 2 line {i}" for i in range(1, len(kept) + 1)]
+    # Every row counts, the first attempt's and platform notes too: the
+    # second attempt kept what the limit left after them, no more.
+    first_notes, second_notes = (len(lines(job, Stream.PLATFORM, number=n)) for n in (1, 2))
+    room = JOB_ROWS - len(first) - first_notes
+    assert room - second_notes <= len(kept) <= room < 60, (first_notes, second_notes, len(kept))
 
 
 # ------------------------------------------------------- logs, per job

@@ -29,8 +29,9 @@ from jobs.models import Job
 from jobs.node.staging import CodeStager
 from jobs.services import tokens
 from jobs.storage.local import LocalBackend
-from tests.cluster import ROOT, process_env
+from tests.cluster import ROOT, free_port, process_env, wait_for
 from tests.helpers import config, role, submit
+from tests.settings import PORT_BASE, RUN_ID
 
 
 def _mode(path: Path) -> int:
@@ -62,6 +63,60 @@ def test_it_closes_an_open_var_folder_at_start_up_and_in_the_scripts(tmp_path):
     subprocess.run(["bash", "-c", "source scripts/lib.sh"], cwd=ROOT, check=True, timeout=30,
                    env={**os.environ, "PORTAL_VAR_DIR": str(scripts_var)})
     assert [_mode(p) for p in (scripts_var, scripts_var / "run", scripts_var / "log")] == [0o700] * 3
+
+
+def _open_to_others(var: Path) -> list[str]:
+    """Files and folders under `var` that other users could read, write or
+    enter. Static files are left out: Django writes them 0644 and the portal
+    serves them to anyone anyway (their folders are still checked)."""
+    found = []
+    for path in [var, *var.rglob("*")]:
+        info = path.lstat()
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+            continue  # PostgreSQL's socket, in its own 0700 folder
+        if stat.S_ISREG(info.st_mode) and "staticfiles" in path.relative_to(var).parts:
+            continue
+        if info.st_mode & 0o007:
+            found.append(f"{stat.S_IMODE(info.st_mode):o} {path.relative_to(var)}")
+    return found
+
+
+def test_the_scripts_processes_make_their_files_private(tmp_path):
+    """scripts/run for real, in a var/ of its own (SQLite, Redis, a node
+    agent and gunicorn; about 10 s): what its processes make, while running
+    and once stopped (Redis writes its dump then), is closed to others."""
+    var = tmp_path / "var"
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "PORTAL_VAR_DIR": str(var),
+           "PORTAL_PORT": str(free_port()), "PORTAL_REDIS_PORT": str(free_port()), "PORTAL_NODE_NAME": f"umask-{RUN_ID}",
+           # Its own instance: the agent never touches the containers of the tests' cluster.
+           "PAI_INSTANCE": f"umask-{RUN_ID}",
+           "PORTAL_NODE_ARGS": f"--ports {PORT_BASE + 560}-{PORT_BASE + 564} --cpus 1 --memory-mb 1024"}
+    if "DOCKER_HOST" in os.environ:
+        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    output = tmp_path / "run.out"
+    with open(output, "wb") as out:
+        run = subprocess.Popen([str(ROOT / "scripts" / "run")], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        def up() -> bool:
+            assert run.poll() is None, f"scripts/run exited:\n{output.read_text()}"
+            return "The portal is up" in output.read_text()
+
+        wait_for(up, timeout=180, interval=0.2, what="scripts/run to start the portal")
+        running = _open_to_others(var)
+        logs = {p.name for p in (var / "log").iterdir()}
+        assert {"redis.log", "gunicorn.log", "node-agent.log"} <= logs
+        assert (var / "portal.sqlite3").is_file()
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "stop")], cwd=ROOT, env=env, timeout=90, capture_output=True)
+        try:
+            run.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, 15)  # our own process group (start_new_session), never a name
+            run.wait(timeout=30)
+    assert running == []
+    assert (var / "redis.rdb").is_file()  # Redis saved on its way out
+    assert _open_to_others(var) == []
 
 
 def test_it_stores_users_files_for_the_portals_user_only(tmp_path):

@@ -4,6 +4,9 @@ Docker's default capabilities (NET_RAW included), could gain privileges
 through setuid binaries, and reached every port of the node.
 
 Now one-task jobs share a network whose containers cannot reach each other,
+a multi-task job has a network of its own (its tasks reach each other, no
+other job's container reaches them), a published port is reached only as
+the node's port (from other nodes: test_ssh_port_from_other_containers.py),
 tasks keep only the capabilities they need, with no-new-privileges, and the
 node agent's firewall (jobs/node/launcher/firewall.py) keeps task containers
 from the node's own ports and from 169.254.0.0/16 (cloud metadata: checked
@@ -19,10 +22,11 @@ import threading
 import docker
 import pytest
 
-from jobs.models import State
+from jobs.models import State, TaskAttempt
 from jobs.node.launcher import firewall
 from tests.cluster import wait_for
 from tests.helpers import config, describe, lines, role, running_attempt, submit, wait_state
+from tests.task_hosts import port_spec
 
 pytestmark = pytest.mark.services
 
@@ -59,6 +63,66 @@ def test_it_keeps_another_users_job_from_a_one_task_jobs_container(alice, bob):
     probe = f"timeout 5 wget -qO- http://{address}:5000/ && echo reached || echo unreachable"
     prober = wait_state(submit(bob, config("prober", role(command=probe))), State.SUCCEEDED, State.FAILED)
     assert lines(prober) == ["unreachable"]
+
+
+# Each task of a two-task job serves its own page on port 5000, then fetches
+# its peer's by name (Docker's DNS on the job's network): the path between
+# tasks of one job works, so a refusal of another user's job is the network's.
+SERVE_AND_FETCH_PEER = (
+    "mkdir /www && echo page-of-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX > /www/index.html && httpd -p 5000 -h /www && "
+    "peer=main-$((1 - PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX)); "
+    "for i in $(seq 120); do wget -qO- http://$peer:5000/ 2>/dev/null && break; sleep 0.5; done; exec sleep 600")
+
+
+def _served(address: str, port: int) -> bytes:
+    """What the node itself gets from address:port (the page is up)."""
+    with socket.create_connection((address, port), timeout=5) as connection:
+        connection.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        return b"".join(iter(lambda: connection.recv(4096), b""))
+
+
+def _probe_from(user, name: str, targets: list[str]) -> list[str]:
+    """One line per target, from a one-task job of `user`: `reached` if a
+    page came back from http://target within 5 s, else `unreachable`."""
+    probe = "; ".join(f"timeout 5 wget -qO- http://{t}/ >/dev/null 2>&1 && echo reached || echo unreachable"
+                      for t in targets)
+    prober = wait_state(submit(user, config(name, role(command=probe))), State.SUCCEEDED, State.FAILED)
+    return lines(prober)
+
+
+def test_it_keeps_another_users_job_from_a_multi_task_jobs_tasks(alice, bob):
+    job = wait_state(submit(alice, config("pair", role(command=SERVE_AND_FETCH_PEER, tasks=2))), State.RUNNING)
+    for index, peer in ((0, 1), (1, 0)):
+        wait_for(lambda: lines(job, role="main", index=index) == [f"page-of-{peer}"], timeout=60,
+                 what=f"task {index} to fetch task {peer}'s page")
+    addresses = []
+    for attempt in TaskAttempt.objects.filter(job=job, state="RUNNING").order_by("task__index"):
+        networks = docker.from_env().api.inspect_container(attempt.container_id)["NetworkSettings"]["Networks"]
+        assert list(networks) != ["bridge"] and len(networks) == 1, networks  # the job's own network
+        addresses.append(next(iter(networks.values()))["IPAddress"])
+        assert b"page-of-" in _served(addresses[-1], 5000)
+    assert _probe_from(bob, "pairprober", [f"{a}:5000" for a in addresses]) == ["unreachable", "unreachable"]
+
+
+def test_it_keeps_another_users_job_on_the_node_from_a_published_port_at_the_container_address(alice, bob):
+    """A published (non-web) port is the node's: other hosts and tasks on
+    other nodes reach it at the node's address and port (that path, from
+    another user's container: test_ssh_port_from_other_containers.py). At
+    the container's own address it is closed to other users' containers,
+    and on the same node Docker's isolation of networks drops even the
+    node's published port (SECURITY.md, Containers)."""
+    serve = "mkdir /www && echo alices-service > /www/index.html && exec httpd -f -p $PAI_CONTAINER_HOST_svc_PORT_LIST -h /www"
+    server = wait_state(submit(alice, config("published", role(command=serve, portList=port_spec("svc")))), State.RUNNING)
+    attempt = running_attempt(server)
+    port = attempt.ports["svc"][0]
+    container = _container(server)
+    assert container["HostConfig"]["PortBindings"][f"{port}/tcp"] == [{"HostIp": attempt.host_ip, "HostPort": str(port)}]
+    networks = container["NetworkSettings"]["Networks"]
+    address, gateway = next(iter(networks.values()))["IPAddress"], next(iter(networks.values()))["Gateway"]
+    wait_for(lambda: b"alices-service" in _served(attempt.host_ip, port), what="the published port to answer")
+    assert b"alices-service" in _served(address, port)  # the node reaches the container's address too
+    targets = [f"{address}:{port}", f"{gateway}:{port}", f"{attempt.host_ip}:{port}"]
+    assert _probe_from(bob, "portprober", targets) == ["unreachable"] * 3
 
 
 def _accept(listener: socket.socket, accepted: list) -> None:

@@ -11,7 +11,11 @@ through it, whatever the URL asks.
 The jobs are written inside a transaction that is rolled back at the end:
 no other process (agents, the scheduler) ever sees a running job without
 tasks. Other tests' jobs may share the database, so the admin's view is
-checked on the order of this test's jobs within it.
+checked on the order of this test's jobs within it, and while it is walked
+page by page nothing may change those jobs: on SQLite the fixture's write
+transaction already holds the database's write lock; on PostgreSQL the
+test takes a SHARE lock on the jobs table (a node agent still ending an
+earlier test's job would otherwise move it from one page to another).
 """
 
 from __future__ import annotations
@@ -118,6 +122,9 @@ def test_an_admins_pages_of_all_jobs_follow_a_python_sort_by_run_time(make_user,
     now = timezone.now()
     filters = listing.JobFilters(user=listing.ALL_USERS, sort=sort, now=now)
     mine = mixed_jobs["alice"] + mixed_jobs["bob"]
+    if connection.vendor == "postgresql":  # held until the fixture's transaction ends (see the docstring)
+        with connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE jobs_job IN SHARE MODE")
     total = Job.objects.count()
     # Small pages, but at most some 40 of them when the suite's other jobs share the table.
     for per_page in (max(3, -(-total // 40)), max(5, -(-total // 15)), 50):

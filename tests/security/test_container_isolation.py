@@ -50,30 +50,6 @@ def _networks(job) -> dict:
     return _container(job)["NetworkSettings"]["Networks"]
 
 
-def test_it_keeps_another_users_job_from_a_one_task_jobs_container(alice, bob):
-    serve = "mkdir /www && echo alices-page > /www/index.html && exec httpd -f -p 5000 -h /www"
-    server = wait_state(submit(alice, config("served", role(command=serve))), State.RUNNING)
-    networks = _networks(server)
-    assert "bridge" not in networks
-    address = next(iter(networks.values()))["IPAddress"]
-    # The page is served (the node reaches it), so a refusal below is the network's doing.
-    with socket.create_connection((address, 5000), timeout=5) as connection:
-        connection.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        assert b"alices-page" in connection.recv(4096) + connection.recv(4096)
-    probe = f"timeout 5 wget -qO- http://{address}:5000/ && echo reached || echo unreachable"
-    prober = wait_state(submit(bob, config("prober", role(command=probe))), State.SUCCEEDED, State.FAILED)
-    assert lines(prober) == ["unreachable"]
-
-
-# Each task of a two-task job serves its own page on port 5000, then fetches
-# its peer's by name (Docker's DNS on the job's network): the path between
-# tasks of one job works, so a refusal of another user's job is the network's.
-SERVE_AND_FETCH_PEER = (
-    "mkdir /www && echo page-of-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX > /www/index.html && httpd -p 5000 -h /www && "
-    "peer=main-$((1 - PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX)); "
-    "for i in $(seq 120); do wget -qO- http://$peer:5000/ 2>/dev/null && break; sleep 0.5; done; exec sleep 600")
-
-
 def _served(address: str, port: int) -> bytes:
     """What the node itself gets from address:port (the page is up)."""
     with socket.create_connection((address, port), timeout=5) as connection:
@@ -88,6 +64,26 @@ def _probe_from(user, name: str, targets: list[str]) -> list[str]:
                       for t in targets)
     prober = wait_state(submit(user, config(name, role(command=probe))), State.SUCCEEDED, State.FAILED)
     return lines(prober)
+
+
+def test_it_keeps_another_users_job_from_a_one_task_jobs_container(alice, bob):
+    serve = "mkdir /www && echo alices-page > /www/index.html && exec httpd -f -p 5000 -h /www"
+    server = wait_state(submit(alice, config("served", role(command=serve))), State.RUNNING)
+    networks = _networks(server)
+    assert "bridge" not in networks
+    address = next(iter(networks.values()))["IPAddress"]
+    # The page is served (the node reaches it), so a refusal below is the network's doing.
+    assert b"alices-page" in _served(address, 5000)
+    assert _probe_from(bob, "prober", [f"{address}:5000"]) == ["unreachable"]
+
+
+# Each task of a two-task job serves its own page on port 5000, then fetches
+# its peer's by name (Docker's DNS on the job's network): the path between
+# tasks of one job works, so a refusal of another user's job is the network's.
+SERVE_AND_FETCH_PEER = (
+    "mkdir /www && echo page-of-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX > /www/index.html && httpd -p 5000 -h /www && "
+    "peer=main-$((1 - PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX)); "
+    "for i in $(seq 120); do wget -qO- http://$peer:5000/ 2>/dev/null && break; sleep 0.5; done; exec sleep 600")
 
 
 def test_it_keeps_another_users_job_from_a_multi_task_jobs_tasks(alice, bob):

@@ -29,7 +29,7 @@ import contextvars
 import functools
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from a2wsgi.wsgi import Body, WSGIMiddleware, WSGIResponder, build_environ
@@ -38,7 +38,21 @@ PREREAD_BYTES = 256 * 1024
 READ_AHEAD_BYTES = 1024 * 1024
 
 
-class _ReadBody(Body):
+class _PiecesBody(Body):
+    """A body that can also be read as the pieces the server received
+    (jobs/storage/multipart.py reads uploads so, without the copies read()
+    makes into and out of a2wsgi's buffer)."""
+
+    def pieces(self) -> Iterator[bytes]:
+        if self.buffer:  # what a read() left over
+            yield bytes(self.buffer)
+            self.buffer.clear()
+        while self._has_more:
+            if piece := self._receive_more_data():
+                yield piece
+
+
+class _ReadBody(_PiecesBody):
     """a2wsgi's request body, already read whole by the loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, receive: Any, data: bytes) -> None:
@@ -47,7 +61,7 @@ class _ReadBody(Body):
         self._has_more = False
 
 
-class _ReadAheadBody(Body):
+class _ReadAheadBody(_PiecesBody):
     """a2wsgi's request body, received by a task on the loop as fast as the
     client sends it, up to READ_AHEAD_BYTES ahead of the view's reads (plus
     one message: memory stays bounded). The view's thread takes what came
@@ -137,7 +151,7 @@ class _Responder(WSGIResponder):
         elif length is not None:
             body = _ReadAheadBody(self.loop, receive)
         else:
-            body = Body(self.loop, receive)
+            body = _PiecesBody(self.loop, receive)  # chunked: a2wsgi's, which can also give its pieces
         environ = build_environ(scope, body)
         sender = self.loop.create_task(self.sender(send))
         try:

@@ -87,3 +87,36 @@ def test_a_client_gone_mid_upload_stores_nothing(cluster, alice):
     listing = web.get(f"{cluster.base_url}/storage/", params={"path": f"/{alice.username}"}, timeout=30)
     assert listing.status_code == 200 and "cut.bin" not in listing.text
     assert storage.backend().stat(f"/{alice.username}/cut.bin") is None
+
+
+def test_a_chunked_upload_without_a_length_arrives_whole(cluster, alice):
+    """A client that sends the body chunk-encoded, with no Content-Length
+    (Django's own request stream would read it as empty): the upload reader
+    takes the pieces the bridge receives until the body ends."""
+    web = login(cluster.base_url, alice)
+    boundary = "----chunked" + os.urandom(6).hex()
+    data = os.urandom(2 * READ_AHEAD_BYTES + 3)
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"path\"\r\n\r\n/{alice.username}\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"chunked.bin\"\r\n\r\n"
+            ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", "Accept": "application/json",
+               "X-CSRFToken": web.cookies["csrftoken"], "Referer": cluster.base_url + "/"}
+    pieces = (body[at:at + 100_000] for at in range(0, len(body), 100_000))  # a generator: sent chunked
+    saved = web.post(f"{cluster.base_url}/storage/upload/", data=pieces, headers=headers, timeout=60)
+    assert saved.status_code == 200, saved.text
+    assert saved.json() == {"saved": [f"/{alice.username}/chunked.bin"]}
+    download = web.get(f"{cluster.base_url}/storage/download/", params={"path": f"/{alice.username}/chunked.bin"},
+                       timeout=60)
+    assert download.content == data
+
+
+def test_a_broken_upload_body_is_refused_with_what_was_expected(cluster, alice):
+    web = login(cluster.base_url, alice)
+    headers = {"Content-Type": "multipart/form-data; boundary=xyz", "Accept": "application/json",
+               "X-CSRFToken": web.cookies["csrftoken"], "Referer": cluster.base_url + "/"}
+    broken = web.post(f"{cluster.base_url}/storage/upload/", data=b"--xyz\r\nno header\r\n\r\n" + b"x" * 500_000,
+                      headers=headers, timeout=60)
+    assert broken.status_code == 400
+    assert broken.json()["error"] == ("the upload could not be read: a part's header line must be "
+                                      "\"Name: value\", not 'no header'")
+    assert not _partials(alice)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,20 +23,6 @@ CHUNK = 1024 * 1024
 # Temporary names (a streamed upload before it is moved into place, a local
 # write before its rename): hidden from listings by every backend.
 PARTIAL_PREFIX = ".pai-upload-"
-
-
-class Sink(ABC):
-    """A new file written piece by piece (a streamed upload). `finish` makes
-    it whole and returns its size; `abort` removes what was written."""
-
-    @abstractmethod
-    def write(self, data: bytes) -> None: ...
-
-    @abstractmethod
-    def finish(self) -> int: ...
-
-    @abstractmethod
-    def abort(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,9 +71,11 @@ class Backend(ABC):
         """Remove a file or folder; False when nothing was there."""
 
     @abstractmethod
-    def open_sink(self, path: str) -> Sink:
-        """Start writing a new file at `path` (its folder exists, the name is
-        fresh): a streamed upload, stored as it arrives."""
+    def write_new(self, path: str, pieces: Iterable[bytes | memoryview]) -> int:
+        """Store the pieces as a new file at `path` (its folder exists, the
+        name is fresh) as they come: a streamed upload. Returns its size. If
+        the pieces or the storage fail, what was written is removed and the
+        error raised."""
 
     @abstractmethod
     def rename(self, source: str, target: str, *, overwrite: bool) -> None:

@@ -12,13 +12,13 @@ import os
 import shutil
 import stat as stat_module
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry, Sink
+from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry
 from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
 from jobs.storage.paths import join
 from jobs.storage.registry import StorageKind, register_storage
@@ -110,12 +110,25 @@ class LocalBackend(Backend):
                 os.unlink(temp)
         return size
 
-    def open_sink(self, path: str) -> Sink:
+    def write_new(self, path: str, pieces: Iterable[bytes | memoryview]) -> int:
         real = self._real(path)
         try:
-            return _FileSink(open(real, "xb"), real)
+            out = open(real, "xb")
         except OSError as exc:
             raise _error(path, exc) from None
+        size = 0
+        try:
+            with out:
+                for piece in pieces:
+                    out.write(piece)
+                    size += len(piece)
+            os.chmod(real, FILE_MODE)
+        except BaseException as exc:  # the pieces failed (a broken upload) or the disk did
+            real.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise _error(path, exc) from None
+            raise
+        return size
 
     def rename(self, source: str, target: str, *, overwrite: bool) -> None:
         real_source, real_target = self._real(source), self._real(target)
@@ -178,24 +191,6 @@ class LocalBackend(Backend):
                 raise StorageError(f"{path} is not empty") from None
             raise _error(path, exc) from None
         return True
-
-
-class _FileSink(Sink):
-    def __init__(self, out: BinaryIO, real: Path) -> None:
-        self._out, self._real, self._size = out, real, 0
-
-    def write(self, data: bytes) -> None:
-        self._out.write(data)
-        self._size += len(data)
-
-    def finish(self) -> int:
-        self._out.close()
-        os.chmod(self._real, FILE_MODE)
-        return self._size
-
-    def abort(self) -> None:
-        self._out.close()
-        self._real.unlink(missing_ok=True)
 
 
 def _error(path: str, exc: OSError) -> StorageError:

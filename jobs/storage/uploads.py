@@ -3,46 +3,47 @@
 Django's own upload handlers write each file of a multipart body to a
 temporary file (or memory) before the view runs, and the view then copies it
 to storage: every byte crosses the disk twice and the copy starts only when
-the body has been read. StorageUploadHandler instead opens a Sink in storage
-(Backend.open_sink) when a file starts and hands it each chunk as the parser
-reads it: on HDFS a thread sends the chunks to the datanode while the next
-ones arrive. The sink writes to a temporary name in the user's own staging
-folder (files.upload_staging: /.pai-upload-staging/<user>, hidden, outside
-every quota); once the body is read and the view has checked the names,
-access and quota, files.files_save renames each file into place (a metadata
-change). A refused or broken upload removes what it wrote.
+the body has been read. Here the body is read with jobs/storage/multipart.py
+and each file's data goes straight to Backend.write_new as it is received:
+on HDFS one CREATE whose body is the upload, sent by the request's own
+thread. The file is written under a temporary name in the user's own
+staging folder (files.upload_staging: /.pai-upload-staging/<user>, hidden,
+outside every quota); once the body is read and the view has checked the
+names, access and quota, files.files_save renames each file into place (a
+metadata change). A refused or broken upload removes what it wrote.
 
 The multipart body names the target folder and the files' relative paths in
-fields the parser hands to no handler, which is why files land under a
+fields that may come after the files, which is why files land under a
 temporary name first.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from django.core.files.uploadhandler import FileUploadHandler, StopUpload
-from django.http import HttpRequest
+from django.conf import settings
+from django.http import HttpRequest, QueryDict
 
-from jobs.storage.base import PARTIAL_PREFIX, Backend, Sink
+from jobs.storage.base import PARTIAL_PREFIX, Backend
 from jobs.storage.errors import StorageError
+from jobs.storage.multipart import Field, Limits, MultipartReader, boundary_of
 from jobs.storage.paths import join
 
-
-UPLOAD_CHUNK = 256 * 1024
+# Pieces read from a body that the server does not hand over as received
+# (Django's test client).
+READ_SIZE = 256 * 1024
+FILES_FIELD = "files"
 
 
 @dataclass
 class StagedFile:
-    """One uploaded file, stored under a temporary name (what request.FILES holds)."""
+    """One uploaded file, stored under a temporary name."""
 
-    name: str  # as the browser sent it (its last part only: Django strips folders)
+    name: str  # as the client sent it (its last part only, as Django keeps it)
     temp: str  # storage path of the temporary file
     size: int
-
-    def close(self) -> None:
-        """Django's uploaded files have one; nothing to close here."""
 
 
 @dataclass
@@ -64,53 +65,43 @@ class Staging:
         self.files.clear()
 
 
-class StorageUploadHandler(FileUploadHandler):
-    """Writes each file of the body to storage as the parser reads it."""
+def receive(request: HttpRequest, staging: Staging) -> QueryDict:
+    """Reads the request's multipart body: each file of the `files` field is
+    stored in `staging` as it arrives; returns the other fields. After a
+    storage failure the rest of the body is read without storing (so the
+    answer reaches the browser) and the failure kept in `staging.error`.
+    Raises MultipartError for a body that is not what it claims."""
+    reader = MultipartReader(_pieces(request), boundary_of(request.META.get("CONTENT_TYPE", "")), _limits())
+    fields = QueryDict(mutable=True)
+    for part in reader:
+        if isinstance(part, Field):
+            fields.appendlist(part.name, part.value)
+        elif part.name == FILES_FIELD and staging.error is None:
+            temp = join(staging.folder, f"{PARTIAL_PREFIX}{secrets.token_hex(12)}")
+            try:
+                size = staging.store.write_new(temp, reader.data())
+            except StorageError as exc:
+                staging.error = exc
+                continue
+            staging.files.append(StagedFile(name=part.filename, temp=temp, size=size))
+    return fields
 
-    # The parser reads the body in pieces of the smallest handler chunk_size.
-    # Smaller than CHUNK: each piece is copied several times on its way (the
-    # bridge's body buffer, the parser's boundary search, the chunk framing
-    # to the datanode), and 256 KB pieces took a fifth less of the worker's
-    # CPU per upload than 1 MB ones (4 MB: a fifth more; 64 KB: no better),
-    # measured with bench/hdfs_transfer.py's setup on a 200 MB file.
-    chunk_size = UPLOAD_CHUNK
 
-    def __init__(self, request: HttpRequest, staging: Staging) -> None:
-        super().__init__(request)
-        self.staging = staging
-        self._sink: Sink | None = None
-        self._temp = ""
+def _pieces(request: HttpRequest) -> Iterable[bytes]:
+    """The body as the server received it where it can say (portal/http_bridge),
+    else read in pieces."""
+    pieces = getattr(request.environ.get("wsgi.input"), "pieces", None)
+    if pieces is not None:
+        return pieces()
+    return _read(request)
 
-    def new_file(self, *args, **kwargs) -> None:
-        super().new_file(*args, **kwargs)
-        self._temp = join(self.staging.folder, f"{PARTIAL_PREFIX}{secrets.token_hex(12)}")
-        self._sink = self._guard(lambda: self.staging.store.open_sink(self._temp))
 
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
-        self._guard(lambda: self._sink.write(raw_data))
-        return None  # no other handler gets the data
+def _read(request: HttpRequest) -> Iterator[bytes]:
+    while piece := request.read(READ_SIZE):
+        yield piece
 
-    def file_complete(self, file_size: int) -> StagedFile:
-        size = self._guard(self._sink.finish)
-        self._sink = None
-        staged = StagedFile(name=self.file_name, temp=self._temp, size=size)
-        self.staging.files.append(staged)
-        return staged
 
-    def upload_interrupted(self) -> None:
-        """The client went away mid-file (or a limit stopped the parser)."""
-        if self._sink is not None:
-            self._sink.abort()
-            self._sink = None
-
-    def _guard(self, step):
-        """A storage failure stops the parser (StopUpload) and is kept for
-        the view to report, rather than surfacing as a server error."""
-        try:
-            return step()
-        except StorageError as exc:
-            self.staging.error = exc
-            if self._sink is not None:
-                self._sink.abort()
-                self._sink = None
-            raise StopUpload(connection_reset=False) from None  # read the rest, so the answer reaches the browser
+def _limits() -> Limits:
+    return Limits(max_fields=settings.DATA_UPLOAD_MAX_NUMBER_FIELDS,
+                  max_files=settings.DATA_UPLOAD_MAX_NUMBER_FILES,
+                  max_field_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)

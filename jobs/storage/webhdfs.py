@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import io
 import os
-import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
@@ -25,7 +24,7 @@ import requests
 from hdfs import HdfsError, InsecureClient
 from requests.adapters import HTTPAdapter
 
-from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry, Sink
+from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry
 from jobs.storage.errors import (StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded,
                                  StorageUnavailable)
 from jobs.storage.paths import ROOT, join, parent
@@ -146,8 +145,21 @@ class WebHdfsBackend(Backend):
             status = self.client.status(path)
         return int(status["length"])
 
-    def open_sink(self, path: str) -> Sink:
-        return _HdfsSink(self, path)
+    def write_new(self, path: str, pieces: Iterable[bytes | memoryview]) -> int:
+        """One CREATE whose body is the pieces, chunk-encoded, sent as they
+        come: the upload reaches the datanode as it arrives, never spooled."""
+        counted = _Counted(pieces)
+        try:
+            with self._errors(path):
+                self.client.write(path, data=counted, overwrite=False)
+        except BaseException:
+            if counted.started:  # HDFS made a file of what came: remove it
+                try:
+                    self.delete(path)
+                except StorageError:
+                    pass  # HDFS unreachable: a hidden partial file stays behind (listings skip it)
+            raise
+        return counted.size
 
     def rename(self, source: str, target: str, *, overwrite: bool) -> None:
         """RENAME with renameoptions=OVERWRITE (HDFS's rename2, atomic) when
@@ -219,6 +231,19 @@ class _Body:
             yield chunk
 
 
+class _Counted:
+    """The pieces of a new file, counted as requests sends them."""
+
+    def __init__(self, pieces: Iterable[bytes | memoryview]) -> None:
+        self._pieces, self.size, self.started = pieces, 0, False
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        self.started = True
+        for piece in self._pieces:
+            self.size += len(piece)
+            yield piece
+
+
 class _Download:
     """The datanode's answer in chunks, straight from its socket (WebHDFS
     sends no content encoding, so urllib3's decoding buffer is skipped).
@@ -240,69 +265,6 @@ class _Download:
 
     def close(self) -> None:
         self._response.close()
-
-
-class _HdfsSink(Sink):
-    """One CREATE whose body is sent, chunk-encoded, by a thread of its own
-    while the caller keeps receiving: the upload reaches the datanode as it
-    arrives, never spooled. The queue is short, so a slow datanode slows
-    the sender down instead of filling memory."""
-
-    def __init__(self, backend: WebHdfsBackend, path: str) -> None:
-        self._backend, self._path, self._size = backend, path, 0
-        # 32 of the upload's 256 KB pieces (uploads.UPLOAD_CHUNK): 8 MB at most per upload.
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=32)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._send, name="hdfs-upload", daemon=True)
-        self._thread.start()
-
-    def _chunks(self) -> Iterator[bytes]:
-        while (chunk := self._queue.get()) is not None:
-            yield chunk
-
-    def _send(self) -> None:
-        try:
-            with self._backend._errors(self._path):
-                self._backend.client.write(self._path, data=self._chunks(), overwrite=False)
-        except BaseException as exc:  # handed to the caller's thread
-            self._error = exc
-
-    def _put(self, item: bytes | None) -> None:
-        while True:
-            if self._error is not None:
-                raise self._error
-            try:
-                self._queue.put(item, timeout=0.5)
-                return
-            except queue.Full:
-                if not self._thread.is_alive():  # it failed, or never got to read
-                    raise self._error or StorageError(f"HDFS stopped taking {self._path}") from None
-
-    def write(self, data: bytes) -> None:
-        self._put(bytes(data))
-        self._size += len(data)
-
-    def finish(self) -> int:
-        self._put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._size
-
-    def abort(self) -> None:
-        # End the body early (what is queued is dropped), then remove the
-        # short file HDFS made of it.
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        self._queue.put_nowait(None)
-        self._thread.join(timeout=TIMEOUT[1])
-        try:
-            self._backend.delete(self._path)
-        except StorageError:
-            pass  # HDFS unreachable: a hidden partial file stays behind (listings skip it)
 
 
 def _entry(path: str, status: dict[str, Any]) -> Entry:

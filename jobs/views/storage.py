@@ -20,9 +20,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from jobs import storage
 from jobs.services.storage_links import folder_url
-from jobs.storage import access, files, paths
+from jobs.storage import access, files, paths, uploads
 from jobs.storage.access import Reader
-from jobs.storage.uploads import Staging, StorageUploadHandler
+from jobs.storage.multipart import MultipartError
+from jobs.storage.uploads import Staging
 
 USE_AS_FIELDS = ("codeDir", "dataDir", "outputDir")
 
@@ -94,32 +95,31 @@ def make_folder(request: HttpRequest) -> HttpResponse:
     return _back(folder)
 
 
-@csrf_exempt  # checked in _upload: the check reads the body, which must meet our handler first
+@csrf_exempt  # checked in _upload, once the body is read: the token may be one of its fields
 @require_POST
 def upload(request: HttpRequest) -> HttpResponse:
     """Files in `files`, stored as they arrive (jobs/storage/uploads.py);
     with a folder upload, their relative paths in `names` (same order), since
-    Django keeps only a file name's last part."""
+    only a file name's last part is kept."""
     wants_json = request.headers.get("Accept", "").startswith("application/json")
     try:
         staging = files.upload_staging(_reader(request))
     except storage.StorageError as exc:
         return _upload_refused(request, exc, "/", wants_json=wants_json)
-    handler = StorageUploadHandler(request, staging)
-    request.upload_handlers = [handler]
     try:
-        response = _upload(request, staging, wants_json=wants_json)
-    except BaseException:
-        handler.upload_interrupted()
-        staging.discard()
-        raise
-    staging.discard()  # what was not moved into place (all of it, when refused)
-    return response
+        try:
+            request.POST = uploads.receive(request, staging)  # the files go to storage now
+        except MultipartError as exc:
+            return _upload_refused(request, storage.StorageError(f"the upload could not be read: {exc}"), "/",
+                                   wants_json=wants_json)
+        return _upload(request, staging, wants_json=wants_json)
+    finally:
+        staging.discard()  # what was not moved into place (all of it, when refused)
 
 
 @csrf_protect
 def _upload(request: HttpRequest, staging: Staging, *, wants_json: bool) -> HttpResponse:
-    uploaded = request.FILES.getlist("files")  # reads the body: the files go to storage now
+    uploaded = staging.files
     names = request.POST.getlist("names")
     if len(names) != len(uploaded):
         names = [f.name for f in uploaded]

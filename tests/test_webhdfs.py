@@ -130,6 +130,51 @@ def test_it_reports_hdfs_errors_as_storage_errors(service, hdfs_cluster, alice, 
         down.stat("/")
 
 
+def test_a_new_file_from_pieces_streams_to_the_datanode_and_a_broken_one_leaves_nothing(service, hdfs_cluster,
+                                                                                         alice) -> None:
+    """write_new (a storage-page upload): pieces of every size, views and
+    empty ones, grouped into chunks; a failure of the pieces, of the
+    namenode's CREATE or of the datanode's answer removes the file."""
+    from jobs.storage import webhdfs
+
+    home = f"/{alice.username}"
+    service.make_home(home, owner=alice.username)
+    mine = service.as_user(alice.username)
+    data = os.urandom(3 * MB + 5)
+    tiny = [data[at:at + 1] for at in range(webhdfs.SEND_PIECES * 2)]  # more than one sendmsg may take
+    rest = memoryview(data)[len(tiny):]
+    pieces = [*tiny, b"", rest[:MB], rest[MB:MB + 7], b"", rest[MB + 7:]]
+    assert mine.write_new(f"{home}/pieces.bin", iter(pieces)) == len(data)
+    assert hdfs_cluster.read(f"{home}/pieces.bin") == data
+    assert hdfs_cluster.status(f"{home}/pieces.bin")["owner"] == alice.username
+
+    def broken():
+        yield os.urandom(2 * MB)
+        raise ValueError("the client went away")
+    with pytest.raises(ValueError, match="went away"):
+        mine.write_new(f"{home}/broken.bin", broken())
+    assert hdfs_cluster.status(f"{home}/broken.bin") is None
+
+    with pytest.raises(storage.StorageError, match="already exists"):
+        mine.write_new(f"{home}/pieces.bin", iter([b"x"]))
+    assert hdfs_cluster.read(f"{home}/pieces.bin") == data
+    with pytest.raises(storage.StorageAccessDenied, match="access=WRITE") as refused:
+        mine.write_new("/not-mine.bin", iter([b"x"]))
+    assert "\tat org.apache" not in str(refused.value)  # the datanode's stack trace is not for users
+
+    # The datanode's own refusal, in its words: a space quota below one block.
+    limited = f"{home}/limited"
+    mine.mkdir(limited)
+    hdfs_cluster.webhdfs("PUT", limited, op="SETQUOTA", namespacequota="-1", storagespacequota=str(MB))
+    with pytest.raises(storage.StorageQuotaExceeded, match="HDFS's own quota"):
+        mine.write_new(f"{limited}/big.bin", iter([os.urandom(MB)] * 3))
+    assert hdfs_cluster.status(f"{limited}/big.bin") is None
+
+    down = WebHdfsBackend("http://127.0.0.1:9", user=SERVICE_USER)
+    with pytest.raises(storage.StorageUnavailable, match="did not answer"):
+        down._send_to_datanode("http://127.0.0.1:9/webhdfs/v1/x?op=CREATE", iter([b"x"]))
+
+
 # ------------------------------------------------ HDFS enforces who is who
 
 def test_it_makes_homes_that_only_their_user_may_open_and_hdfs_itself_refuses_others(

@@ -14,6 +14,7 @@ runner (a task's peer key) all go through it.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 
@@ -46,7 +47,10 @@ class SealedKeyUnreadable(ValueError):
     """No current or fallback secret key opens a stored private key."""
 
 
+@functools.lru_cache(maxsize=16)
 def _fernet(secret: str) -> Fernet:
+    """Kept per secret: the derivation would otherwise run on every
+    submission, and a Fernet holds nothing that changes between uses."""
     derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_HKDF_INFO).derive(secret.encode())
     return Fernet(base64.urlsafe_b64encode(derived))
 

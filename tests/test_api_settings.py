@@ -5,6 +5,7 @@ settings can be changed per test."""
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,9 @@ from django.urls import path
 
 from jobs.api.auth import Access
 from jobs.api.http import handler, resource
-from jobs.services import job_submit, tokens
+from jobs import queues
+from jobs.models import Job
+from jobs.services import job_submit, ratelimit, tokens
 from tests.helpers import config, role
 
 
@@ -91,3 +94,32 @@ def test_a_job_without_a_stored_config_answers_no_job_config_error(client, alice
     type(job).objects.filter(pk=job.pk).update(config_raw="")
     response = client.get(f"/api/v1/user/{alice.username}/jobs/legacy/config", **_auth(alice))
     assert response.status_code == 404 and response.json()["code"] == "NoJobConfigError"
+
+
+def test_api_submissions_are_limited_per_token_and_the_refusal_says_when_to_retry(client, alice, bob, settings,
+                                                                                redis_server):
+    settings.API_SUBMISSIONS_PER_MINUTE = 2
+    token, other_token = _auth(alice), _auth(alice)
+    url = f"/api/v1/user/{alice.username}/jobs"
+
+    def submit(name: str, headers: dict[str, str], to: str = url):
+        return client.post(to, json.dumps(config(name, role())), content_type="application/json", **headers)
+
+    assert [submit(f"limited-{i}", token).status_code for i in range(2)] == [202, 202]
+    refused = submit("limited-2", token)
+    assert refused.status_code == 429 and refused.json()["code"] == "TooManyRequestsError"
+    assert "More than 2 job submissions a minute with this token" in refused.json()["message"]
+    assert 1 <= int(refused["Retry-After"]) <= 61
+    assert not Job.objects.filter(owner=alice, name="limited-2").exists()
+    # Each token counts on its own; another user's is untouched; no token, no submission.
+    assert submit("limited-3", other_token).status_code == 202
+    assert submit("bobs", _auth(bob), to=f"/api/v1/user/{bob.username}/jobs").status_code == 202
+    assert submit("anonymous", {}).status_code == 401
+
+
+def test_an_action_count_goes_on_when_redis_forgets_the_counting_script(redis_server):
+    who = f"token:{secrets.token_hex(8)}"
+    assert [ratelimit.action_wait_seconds(action="test", who=who, limit=2, window=60) for _ in range(2)] == [0, 0]
+    queues.connection().script_flush()  # as after a restart of Redis
+    assert 1 <= ratelimit.action_wait_seconds(action="test", who=who, limit=2, window=60) <= 61
+    assert ratelimit.action_wait_seconds(action="test", who="token:another", limit=2, window=60) == 0

@@ -234,6 +234,28 @@ def test_it_never_follows_symlinks_out_of_the_local_root(local: LocalBackend, tm
     assert sorted(p.name for p in secret.iterdir()) == ["secret.txt"]
 
 
+def test_it_resolves_paths_as_realpath_does_looking_only_below_the_root(local: LocalBackend, tmp_path: Path) -> None:
+    """_real walks the parts below the (resolved) root itself: for every
+    shape of path it must land where os.path.realpath lands, and refuse
+    whatever realpath would place outside the root."""
+    root = local.root
+    write_tree(root / "alice", {"code/train.py": b"x", "data/set.csv": b"y"})
+    os.symlink(root / "alice" / "code", root / "alice" / "code-link")  # inside, absolute
+    os.symlink("data", root / "alice" / "data-link")  # inside, relative
+    os.symlink("code-link", root / "alice" / "chain")  # a link to a link
+    os.symlink(tmp_path, root / "alice" / "out")  # outside
+    os.symlink("../..", root / "alice" / "up")  # outside, relative
+    os.symlink("loop", root / "alice" / "loop")  # itself
+    inside = ["/", "/alice", "/alice/code/train.py", "/alice/missing/deeper", "/alice/code/train.py/below",
+              "/alice/code-link/train.py", "/alice/data-link/set.csv", "/alice/chain/new.txt", "/alice/loop"]
+    for path in inside:
+        expected = os.path.realpath(os.path.join(root, *[p for p in path.split("/") if p]))
+        assert str(local._real(path)) == expected, path
+    for path in ["/alice/out", "/alice/out/x", "/alice/up", "/alice/up/etc"]:
+        with pytest.raises(storage.StorageAccessDenied, match="outside the storage folder"):
+            local._real(path)
+
+
 def test_it_stages_a_tree_within_the_size_limit_and_refuses_beyond(local: LocalBackend, tmp_path: Path) -> None:
     source = write_tree(tmp_path / "src", {"train.py": b"a" * 1000, "lib/util.py": b"b" * 1000})
     (source / "empty").mkdir()

@@ -25,6 +25,7 @@ per token, counted in Redis directly (one round trip per action).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -35,6 +36,8 @@ from django.contrib.auth import authenticate
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
+from redis import Redis
+from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from jobs import queues
@@ -143,6 +146,30 @@ def login_reset(*, username: str = "", address: str = "") -> None:
         log.warning("login rate limit unavailable", exc_info=True)
 
 
+# One command instead of a MULTI of four: the same steps, atomic as a
+# script is, for a fraction of the client's work per submission. NX: the
+# window starts at the first action and later ones do not push it back.
+_COUNT_ACTION = """
+redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2])
+redis.call('SET', KEYS[1], 0, 'NX', 'EX', ARGV[2])
+local count = redis.call('INCR', KEYS[1])
+return {count, redis.call('GET', KEYS[2])}
+"""
+
+
+def _count_action(redis: Redis, key: str, since_key: str, now: float, window: int) -> tuple[int, bytes | None]:
+    """(the count after this action, when the window began)."""
+    count, since = _count_script(redis)(keys=[key, since_key], args=[repr(now), window])
+    return int(count), since
+
+
+@functools.cache
+def _count_script(redis: Redis) -> Script:
+    """Sent to Redis by hash after the first use; redis-py sends the whole
+    script again if Redis restarted and forgot it."""
+    return redis.register_script(_COUNT_ACTION)
+
+
 def action_wait_seconds(*, action: str, who: str, limit: int, window: int) -> int:
     """Count one `action` by `who` (a user id, a token); 0 if it is within
     `limit` per `window` seconds, else how many seconds until it is. A fixed
@@ -153,13 +180,7 @@ def action_wait_seconds(*, action: str, who: str, limit: int, window: int) -> in
     key = f"{settings.PAI_INSTANCE}:action:{action}:{_digest(who)}"
     now = time.time()
     try:
-        with queues.connection().pipeline(transaction=True) as pipe:
-            # NX: the window starts at the first action and later ones do not push it back.
-            pipe.set(key + ":since", now, nx=True, ex=window)
-            pipe.set(key, 0, nx=True, ex=window)
-            pipe.incr(key)
-            pipe.get(key + ":since")
-            _, _, count, since = pipe.execute()
+        count, since = _count_action(queues.connection(), key, key + ":since", now, window)
     except RedisError:  # Redis is down: never block work on the limiter
         log.warning("rate limit unavailable", exc_info=True)
         return 0

@@ -16,13 +16,13 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, QuerySet, Sum, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
@@ -43,6 +43,7 @@ from jobs.models import (
     VirtualCluster,
 )
 from jobs.services import limits, notifications
+from jobs.services import rows as rows_sql
 from jobs.services.nodes import nodes_mark_lost, placement_cutoff
 from jobs.spec import JobSpec, PortSpec
 
@@ -477,13 +478,13 @@ def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -
                 "assigned_at": now,
             })
             placements.append(p)
-    _insert(TaskAttempt, rows)
+    rows_sql.insert(TaskAttempt, rows)
     # The attempts' ids, by task (one attempt per task and job attempt).
     ids = dict(TaskAttempt.objects.filter(job_attempt_id__in=_among([start.attempt_id for start in starts]))
                .values_list("task_id", "pk"))
-    _insert_values(GpuAllocation, ["node_id", "index", "attempt_id"],
+    rows_sql.insert_values(GpuAllocation, ["node_id", "index", "attempt_id"],
                    [(p.node_id, index, ids[row["task_id"]]) for row, p in zip(rows, placements) for index in p.gpus])
-    _insert_values(PortAllocation, ["address", "port", "node_id", "attempt_id"],
+    rows_sql.insert_values(PortAllocation, ["address", "port", "node_id", "attempt_id"],
                    [(row["host_ip"], port, p.node_id, ids[row["task_id"]]) for row, p in zip(rows, placements)
                     for ports in p.ports.values() for port in ports])
     return [(row["node_name"], ids[row["task_id"]]) for row in rows]
@@ -492,94 +493,17 @@ def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -
 def _attempts_running(starts: list[_Start]) -> None:
     """The starts' job attempts RUNNING, each with its job network."""
     if connection.vendor != "postgresql":
-        _many(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = %s WHERE {id} = %s",
+        rows_sql.many(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = %s WHERE {id} = %s",
               [(State.RUNNING, start.subnet, start.attempt_id) for start in starts])
         return
     # One statement over two arrays: executemany would send one per attempt
     # (several times slower for thousands of them).
     ids, subnets = _array(start.attempt_id for start in starts), [start.subnet for start in starts]
     with connection.cursor() as cursor:
-        cursor.execute(_sql(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = given.subnet "
+        cursor.execute(rows_sql.sql_for(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = given.subnet "
                                         "FROM unnest(%s::bigint[], %s::text[]) AS given(id, subnet) "
                                         "WHERE {table}.{id} = given.id"), [State.RUNNING, ids, subnets])
 
-
-def _insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
-    """INSERT `rows` (values by field attname, the same fields in each) into
-    `model`'s table (`_insert_values`); the fields they leave out get their
-    defaults, as a new instance would. What bulk_create does, without an
-    instance per row (a pass may create thousands: bench/scheduler_scale.py)."""
-    if not rows:
-        return
-    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
-    given = rows[0].keys()
-    defaults = {field.attname: field.get_db_prep_save(field.get_default(), connection)
-                for field in fields if field.attname not in given}
-    # Plain numbers and text go to the driver as they are; JSON becomes its
-    # text (what SQLite stores and COPY reads), times what this database stores.
-    prepared = {field.attname: field for field in fields
-                if field.attname in given and field.get_internal_type() in ("JSONField", "DateTimeField", "DateField")}
-    template = [defaults.get(field.attname) for field in fields]
-    given_at = [(i, field.attname, prepared.get(field.attname)) for i, field in enumerate(fields)
-                if field.attname not in defaults]
-    params = []
-    last: dict[str, tuple[Any, Any]] = {}  # per field: the last value and what it became (one `now` for all rows)
-    for row in rows:
-        values = template.copy()
-        for i, name, field in given_at:
-            value = row[name]
-            if field is None:
-                values[i] = value
-            elif isinstance(field, models.JSONField):
-                values[i] = None if value is None else json.dumps(value, cls=field.encoder)
-            else:
-                seen = last.get(name)
-                if seen is None or seen[0] is not value:
-                    seen = last[name] = (value, field.get_db_prep_save(value, connection))
-                values[i] = seen[1]
-        params.append(values)
-    _insert_values(model, [field.attname for field in fields], params)
-
-
-def _insert_values(model: type[models.Model], names: list[str], rows: list[Sequence[Any]]) -> None:
-    """INSERT `rows`, each the values of the fields `names` (attnames), into
-    `model`'s table: by COPY on PostgreSQL, by one executemany on SQLite
-    (which runs it in one call). For thousands of rows COPY took a third of
-    the time of executemany, whose every row psycopg sends as a statement
-    of its own (bench/scheduler_scale.py)."""
-    if not rows:
-        return
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    columns = ", ".join(quote(model._meta.get_field(name).column) for name in names)
-    with connection.cursor() as cursor:
-        if connection.vendor != "postgresql":
-            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(names))})", rows)
-            return
-        # COPY is psycopg's own: through Django's error wrapper, so that a
-        # duplicate allocation is an IntegrityError as from any statement.
-        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-
-
-def _many(model: type[models.Model], sql: str, rows: list[tuple]) -> None:
-    """One statement run for many rows: `sql` names `model`'s table and
-    columns as {table} and {<field attname>}. For the plain rows a pass
-    writes by the thousand, where building and saving a model instance per
-    row cost more than the writing itself (bench/scheduler_scale.py)."""
-    if not rows:
-        return
-    with connection.cursor() as cursor:
-        cursor.executemany(_sql(model, sql), rows)
-
-
-def _sql(model: type[models.Model], sql: str, **extra: str) -> str:
-    """`sql` with {table} and {<field attname>} replaced by `model`'s
-    quoted table and column names (and `extra` as given)."""
-    quote = connection.ops.quote_name
-    names = {field.attname: quote(field.column) for field in model._meta.concrete_fields}
-    return sql.format(table=quote(model._meta.db_table), **names, **extra)
 
 
 @dataclass
@@ -612,10 +536,10 @@ def _record_waiting(plan: _Plan) -> None:
     with connection.cursor() as cursor:
         for reason, ids in changed.items():
             if postgres:  # one array parameter (see `_among`)
-                cursor.execute(_sql(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s "
+                cursor.execute(rows_sql.sql_for(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s "
                                          "AND {id} = ANY(%s::bigint[])"), [reason, State.WAITING, _array(ids)])
             else:
-                cursor.execute(_sql(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s AND {id} IN ({ids})",
+                cursor.execute(rows_sql.sql_for(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s AND {id} IN ({ids})",
                                     ids=", ".join(["%s"] * len(ids))), [reason, State.WAITING, *ids])
 
 

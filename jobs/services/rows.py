@@ -1,0 +1,137 @@
+"""Writing plain rows without a model instance per row: the scheduling
+pass's thousands of allocations, and a submission's attempt and tasks.
+
+bulk_create builds a query and compiles it per call, and an instance per
+row; where the rows are plain and many (bench/scheduler_scale.py), or
+written on every submission (bench/api_submit_rate.py), that costs more
+than the writing itself. These take values by field attname and fill in
+the model's defaults, so the model stays the one place that says what a
+new row holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connection, models
+
+
+def insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
+    """INSERT `rows` (values by field attname, the same fields in each) into
+    `model`'s table (`insert_values`); the fields they leave out get their
+    defaults, as a new instance would. What bulk_create does, without an
+    instance per row (a pass may create thousands: bench/scheduler_scale.py)."""
+    if not rows:
+        return
+    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    given = rows[0].keys()
+    defaults = {field.attname: field.get_db_prep_save(field.get_default(), connection)
+                for field in fields if field.attname not in given}
+    # Plain numbers and text go to the driver as they are; JSON becomes its
+    # text (what SQLite stores and COPY reads), times what this database stores.
+    prepared = {field.attname: field for field in fields
+                if field.attname in given and field.get_internal_type() in ("JSONField", "DateTimeField", "DateField")}
+    template = [defaults.get(field.attname) for field in fields]
+    given_at = [(i, field.attname, prepared.get(field.attname)) for i, field in enumerate(fields)
+                if field.attname not in defaults]
+    params = []
+    last: dict[str, tuple[Any, Any]] = {}  # per field: the last value and what it became (one `now` for all rows)
+    for row in rows:
+        values = template.copy()
+        for i, name, field in given_at:
+            value = row[name]
+            if field is None:
+                values[i] = value
+            elif isinstance(field, models.JSONField):
+                values[i] = None if value is None else json.dumps(value, cls=field.encoder)
+            else:
+                seen = last.get(name)
+                if seen is None or seen[0] is not value:
+                    seen = last[name] = (value, field.get_db_prep_save(value, connection))
+                values[i] = seen[1]
+        params.append(values)
+    insert_values(model, [field.attname for field in fields], params)
+
+
+# Fewer rows than this are INSERTed on PostgreSQL too.
+COPY_MIN_ROWS = 20
+
+
+def insert_values(model: type[models.Model], names: list[str], rows: list[Sequence[Any]]) -> None:
+    """INSERT `rows`, each the values of the fields `names` (attnames), into
+    `model`'s table: by COPY on PostgreSQL, by one executemany on SQLite
+    (which runs it in one call). For thousands of rows COPY took a third of
+    the time of executemany, whose every row psycopg sends as a statement
+    of its own (bench/scheduler_scale.py). A few rows (a submission's
+    tasks) go as INSERTs there too: COPY costs a round trip more."""
+    if not rows:
+        return
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    columns = ", ".join(quote(model._meta.get_field(name).column) for name in names)
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql" or len(rows) < COPY_MIN_ROWS:
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(names))})", rows)
+            return
+        # COPY is psycopg's own: through Django's error wrapper, so that a
+        # duplicate allocation is an IntegrityError as from any statement.
+        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
+
+def many(model: type[models.Model], sql: str, rows: list[tuple]) -> None:
+    """One statement run for many rows: `sql` names `model`'s table and
+    columns as {table} and {<field attname>}. For the plain rows a pass
+    writes by the thousand, where building and saving a model instance per
+    row cost more than the writing itself (bench/scheduler_scale.py)."""
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        cursor.executemany(sql_for(model, sql), rows)
+
+
+def sql_for(model: type[models.Model], sql: str, **extra: str) -> str:
+    """`sql` with {table} and {<field attname>} replaced by `model`'s
+    quoted table and column names (and `extra` as given)."""
+    quote = connection.ops.quote_name
+    names = {field.attname: quote(field.column) for field in model._meta.concrete_fields}
+    return sql.format(table=quote(model._meta.db_table), **names, **extra)
+
+
+def save_new(objs: Sequence[models.Model], *, unique: tuple[str, ...]) -> None:
+    """INSERT new instances of one model in one statement and give them
+    their ids: what bulk_create does, without compiling a query per call
+    (for the few jobs of a submission's write, with a job's 28 fields, that
+    was a seventh of a submission's CPU: bench/api_submit_rate.py). Values
+    go through each field's own pre_save and database preparation, as
+    save() sends them. RETURNING promises no order, so each row comes back
+    with `unique`, fields (attnames) that no two of `objs` share."""
+    for start in range(0, len(objs), SAVE_NEW_BATCH):
+        _save_new(objs[start:start + SAVE_NEW_BATCH], unique)
+
+
+# Rows per statement: a statement's parameters are bounded (SQLite 32,766, PostgreSQL 65,535).
+SAVE_NEW_BATCH = 500
+
+
+def _save_new(objs: Sequence[models.Model], unique: tuple[str, ...]) -> None:
+    if not objs:
+        return
+    model = type(objs[0])
+    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    quote = connection.ops.quote_name
+    returning = [model._meta.pk, *(model._meta.get_field(name) for name in unique)]
+    row = f"({', '.join(['%s'] * len(fields))})"
+    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for obj in objs for field in fields]
+    sql = (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(field.column) for field in fields)}) "
+           f"VALUES {', '.join([row] * len(objs))} RETURNING {', '.join(quote(field.column) for field in returning)}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        ids = {tuple(found[1:]): found[0] for found in cursor.fetchall()}
+    for obj in objs:
+        obj.pk = ids[tuple(getattr(obj, name) for name in unique)]
+        obj._state.adding = False
+        obj._state.db = connection.alias

@@ -21,7 +21,7 @@
 The two take turns (--rounds, 3 by default), each round on a fresh set-up,
 because a shared 2-core machine's speed drifts by a fifth from minute to
 minute. Prints each round, both medians and
-`submit_rate_ratio=<portal jobs/s / sbatch jobs/s>` (target: at least 1.0).
+`submit_rate_ratio=<portal jobs/s / sbatch jobs/s>` (issue 18: at least 1.5).
 Installs slurm-wlm and munge when missing. Not part of the test suite.
 """
 

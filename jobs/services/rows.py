@@ -1,5 +1,5 @@
-"""Writing plain rows without a model instance per row: the scheduling
-pass's thousands of allocations, and a submission's attempt and tasks.
+"""Writing rows without bulk_create: the scheduling pass's thousands of
+allocations, and a submission's job, attempt and tasks.
 
 bulk_create builds a query and compiles it per call, and an instance per
 row; where the rows are plain and many (bench/scheduler_scale.py), or
@@ -102,10 +102,11 @@ def sql_for(model: type[models.Model], sql: str, **extra: str) -> str:
 
 
 def save_new(objs: Sequence[models.Model], *, unique: tuple[str, ...]) -> None:
-    """INSERT new instances of one model in one statement and give them
-    their ids: what bulk_create does, without compiling a query per call
-    (for the few jobs of a submission's write, with a job's 28 fields, that
-    was a seventh of a submission's CPU: bench/api_submit_rate.py). Values
+    """INSERT new instances of one model, a statement per SAVE_NEW_BATCH of
+    them, and give them their ids: what bulk_create does, without compiling
+    a query per call (for the few jobs of a submission's write, with a
+    job's 28 fields, that was a seventh of a submission's CPU:
+    bench/api_submit_rate.py). Values
     go through each field's own pre_save and database preparation, as
     save() sends them. RETURNING promises no order, so each row comes back
     with `unique`, fields (attnames) that no two of `objs` share."""
@@ -118,8 +119,6 @@ SAVE_NEW_BATCH = 500
 
 
 def _save_new(objs: Sequence[models.Model], unique: tuple[str, ...]) -> None:
-    if not objs:
-        return
     model = type(objs[0])
     fields = [field for field in model._meta.concrete_fields if not field.primary_key]
     quote = connection.ops.quote_name

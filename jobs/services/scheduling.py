@@ -483,10 +483,10 @@ def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -
     ids = dict(TaskAttempt.objects.filter(job_attempt_id__in=_among([start.attempt_id for start in starts]))
                .values_list("task_id", "pk"))
     rows_sql.insert_values(GpuAllocation, ["node_id", "index", "attempt_id"],
-                   [(p.node_id, index, ids[row["task_id"]]) for row, p in zip(rows, placements) for index in p.gpus])
+                           [(p.node_id, index, ids[row["task_id"]]) for row, p in zip(rows, placements) for index in p.gpus])
     rows_sql.insert_values(PortAllocation, ["address", "port", "node_id", "attempt_id"],
-                   [(row["host_ip"], port, p.node_id, ids[row["task_id"]]) for row, p in zip(rows, placements)
-                    for ports in p.ports.values() for port in ports])
+                           [(row["host_ip"], port, p.node_id, ids[row["task_id"]]) for row, p in zip(rows, placements)
+                            for ports in p.ports.values() for port in ports])
     return [(row["node_name"], ids[row["task_id"]]) for row in rows]
 
 
@@ -494,16 +494,15 @@ def _attempts_running(starts: list[_Start]) -> None:
     """The starts' job attempts RUNNING, each with its job network."""
     if connection.vendor != "postgresql":
         rows_sql.many(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = %s WHERE {id} = %s",
-              [(State.RUNNING, start.subnet, start.attempt_id) for start in starts])
+                      [(State.RUNNING, start.subnet, start.attempt_id) for start in starts])
         return
     # One statement over two arrays: executemany would send one per attempt
     # (several times slower for thousands of them).
     ids, subnets = _array(start.attempt_id for start in starts), [start.subnet for start in starts]
     with connection.cursor() as cursor:
         cursor.execute(rows_sql.sql_for(JobAttempt, "UPDATE {table} SET {state} = %s, {subnet} = given.subnet "
-                                        "FROM unnest(%s::bigint[], %s::text[]) AS given(id, subnet) "
-                                        "WHERE {table}.{id} = given.id"), [State.RUNNING, ids, subnets])
-
+                                                    "FROM unnest(%s::bigint[], %s::text[]) AS given(id, subnet) "
+                                                    "WHERE {table}.{id} = given.id"), [State.RUNNING, ids, subnets])
 
 
 @dataclass
@@ -537,10 +536,11 @@ def _record_waiting(plan: _Plan) -> None:
         for reason, ids in changed.items():
             if postgres:  # one array parameter (see `_among`)
                 cursor.execute(rows_sql.sql_for(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s "
-                                         "AND {id} = ANY(%s::bigint[])"), [reason, State.WAITING, _array(ids)])
+                                                     "AND {id} = ANY(%s::bigint[])"), [reason, State.WAITING, _array(ids)])
             else:
-                cursor.execute(rows_sql.sql_for(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s AND {id} IN ({ids})",
-                                    ids=", ".join(["%s"] * len(ids))), [reason, State.WAITING, *ids])
+                cursor.execute(rows_sql.sql_for(Job, "UPDATE {table} SET {waiting_reason} = %s WHERE {state} = %s "
+                                                     "AND {id} IN ({ids})", ids=", ".join(["%s"] * len(ids))),
+                               [reason, State.WAITING, *ids])
 
 
 def _place(plan: _Plan) -> list[tuple[str, int]]:

@@ -13,7 +13,10 @@ both sides. Medians over all rounds (the first job of a run warms caches
 and is not counted). A third series, `docker run -d` with the options the
 portal gives a task's container (its isolated network, two published
 ports, init, limits), shows what of the difference is the container's
-set-up rather than the portal.
+set-up rather than the portal. One-task jobs run on the engine's default
+bridge when dockerd was started to isolate it (`--icc=false --bridge
+pai-default`, as scripts/lib.sh starts it), else on a network of ours,
+whose embedded DNS costs each start ~70 ms: the bench prints which.
 
 The breakdown of the portal's side comes from moments recorded on the way,
 each a wall-clock time on this one machine:
@@ -46,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.stack import Stack, percentile  # noqa: E402
+from jobs.node.launcher import firewall  # noqa: E402
 
 IMAGE = "pai-local/busybox:latest"
 COMMAND = "sleep 5"
@@ -177,13 +181,25 @@ EQUAL_NETWORK = "bench-latency-equal"
 _equal_ports = iter(range(10**9))
 
 
-def equal_options() -> list[str]:
-    """What the portal asks of Docker for such a task, on the bare side: an
-    isolated bridge of its own (no traffic between its containers), the two
-    ports a task gets (ssh and its role's) published on the node's address,
-    an init process, limits, dropped capabilities, log rotation."""
+def default_bridge_isolates() -> bool:
+    """As the node agent decides (DockerEngine.isolating_default_network):
+    traffic between containers off, and a bridge the firewall matches."""
+    out = subprocess.run(["docker", "network", "inspect", "-f", "{{json .Options}}", "bridge"], capture_output=True,
+                         text=True).stdout
+    options = json.loads(out or "{}")
+    return (options.get("com.docker.network.bridge.enable_icc") == "false"
+            and firewall.is_task_bridge(options.get("com.docker.network.bridge.name", "")))
+
+
+def equal_options(network: str) -> list[str]:
+    """What the portal asks of Docker for such a task, on the bare side: a
+    network with no traffic between its containers (the engine's default
+    bridge if it isolates so, as the portal then takes it; else a bridge of
+    our own), the two ports a task gets (ssh and its role's) published on
+    the node's address, an init process, limits, dropped capabilities, log
+    rotation."""
     first = 19800 + 2 * (next(_equal_ports) % 100)
-    return ["--network", EQUAL_NETWORK, "-p", f"127.0.0.2:{first}:{first}", "-p", f"127.0.0.2:{first + 1}:{first + 1}",
+    return ["--network", network, "-p", f"127.0.0.2:{first}:{first}", "-p", f"127.0.0.2:{first + 1}:{first + 1}",
             "--init", "--memory", "100m", "--memory-swap", "100m", "--cpus", "1", "--pids-limit", "4096",
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
             "--log-opt", "max-size=200m", "--log-opt", "max-file=2"]
@@ -201,6 +217,8 @@ def main() -> None:
     stack.env["PAI_BENCH_TIMING_FILE"] = str(timing_file)
     try:
         stack.start(agent_args=["--cpus", "256", "--memory-mb", "65536", "--ports", "19000-19799"])
+        equal_network = "bridge" if default_bridge_isolates() else EQUAL_NETWORK
+        print(f"one-task jobs run on {equal_network!r}", flush=True)
         subprocess.run(["docker", "network", "create", "--label", "pai.instance=bench-latency", "-o",
                         "com.docker.network.bridge.enable_icc=false", EQUAL_NETWORK], capture_output=True, check=True)
         portal = Portal(stack, timing_file)
@@ -219,7 +237,7 @@ def main() -> None:
                 for step, seconds in parts.items():
                     steps[step].append(seconds)
                 theirs.append(docker_once())
-                equal_times.append(docker_once(equal_options()))
+                equal_times.append(docker_once(equal_options(equal_network)))
             portal_times += mine
             docker_times += theirs
             print(f"round {round_number} (load {' '.join(load)}): portal p50 {statistics.median(mine) * 1000:.0f} ms, "

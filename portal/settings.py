@@ -285,11 +285,15 @@ PORTAL_PROXY_PORT = env_int("PORTAL_PROXY_PORT", 0, minimum=0, maximum=65535)
 # every request is checked again anyway (user active, allowed, task running).
 PORTAL_PROXY_SESSION_SECONDS = env_int("PORTAL_PROXY_SESSION_SECONDS", 8 * 3600, minimum=60)
 JOB_SUBNET_POOL = env_str("JOB_SUBNET_POOL", "10.213.0.0/16")
-# One-task jobs run on a shared network of ours where containers cannot
-# reach each other; multi-task jobs each get their own. "bridge" (Docker's
-# default network, where every job reached every other: security finding 5)
-# is no longer offered, and a config that still asks for it fails here.
-SINGLE_TASK_NETWORK = env_choice("SINGLE_TASK_NETWORK", "isolated", ("isolated",))
+# One-task jobs run where containers cannot reach each other; multi-task
+# jobs each get a network of their own. "isolated": the engine's default
+# bridge if the engine was started to isolate it (ICC off, a `pai-` bridge
+# the node's firewall matches: scripts/lib.sh starts dockerd so), which
+# starts a container ~70 ms sooner; else a shared network of ours with ICC
+# off. "shared": always that network (an engine whose default bridge serves
+# other containers too). Docker's default bridge as it comes, where every
+# job reached every other (security finding 5), is never used.
+SINGLE_TASK_NETWORK = env_choice("SINGLE_TASK_NETWORK", "isolated", ("isolated", "shared"))
 # Browser terminals one user may have open at once.
 TERMINAL_SESSIONS_PER_USER = env_int("TERMINAL_SESSIONS_PER_USER", 4, minimum=1)
 # A terminal whose shell takes none of the user's input for this long is

@@ -75,7 +75,7 @@ install_packages() {
 }
 
 base_packages() {
-  install_packages python3 python3-venv docker.io redis-server busybox-static mmdebstrap openssh-client curl ca-certificates
+  install_packages python3 python3-venv docker.io iproute2 redis-server busybox-static mmdebstrap openssh-client curl ca-certificates
 }
 
 hadoop_packages() {
@@ -106,6 +106,12 @@ make_venv() {
 
 docker_reachable() { timeout 10 docker info >/dev/null 2>&1; }
 
+# The default bridge of a dockerd we start: named so the node's firewall
+# matches it (jobs/node/launcher/firewall.py), with traffic between its
+# containers off, so one-task jobs run on it (SINGLE_TASK_NETWORK). Docker
+# sets up no embedded DNS there, which saves ~70 ms of every task's start.
+TASK_BRIDGE=pai-default
+
 ensure_docker() {
   # Use a reachable engine; start dockerd only when there is none.
   if docker_reachable; then return 0; fi
@@ -113,8 +119,13 @@ ensure_docker() {
     die "DOCKER_HOST=$DOCKER_HOST does not answer"
   fi
   say "starting dockerd (log: $LOGDIR/dockerd.log)"
-  dockerd --pidfile "$RUN/dockerd.pid" >>"$LOGDIR/dockerd.log" 2>&1 &
-  for _ in $(seq 300); do docker_reachable && { echo dockerd >> "$RUN/started"; return 0; }; sleep 0.1; done
+  # dockerd --bridge takes a bridge that exists; it gives it a free subnet.
+  ip link show "$TASK_BRIDGE" >/dev/null 2>&1 || ip link add "$TASK_BRIDGE" type bridge \
+    || die "could not create the bridge $TASK_BRIDGE (ip link add)"
+  dockerd --pidfile "$RUN/dockerd.pid" --bridge "$TASK_BRIDGE" --icc=false >>"$LOGDIR/dockerd.log" 2>&1 &
+  for _ in $(seq 300); do
+    docker_reachable && { echo dockerd >> "$RUN/started"; DOCKERD_STARTED=1; return 0; }; sleep 0.1
+  done
   die "dockerd did not come up; see $LOGDIR/dockerd.log"
 }
 
@@ -201,6 +212,10 @@ stop_started() {
         "$([ "$name" = postgres ] && echo INT || echo TERM)"; then
       printf 'could not stop %s (pid %s)\n' "$name" "$(cat "$RUN/$name.pid" 2>/dev/null)" >&2
       left+=("$name")
+    fi
+    # Its bridge goes with the dockerd we started (a leftover would only be idle).
+    if [ "$name" = dockerd ] && ! pid_alive "$RUN/dockerd.pid"; then
+      ip link delete "$TASK_BRIDGE" 2>/dev/null || true
     fi
   done < <(tac "$RUN/started")
   if [ ${#left[@]} -gt 0 ]; then printf '%s\n' "${left[@]}" > "$RUN/started"; return 1; fi

@@ -262,3 +262,13 @@ def test_it_serves_a_tasks_web_port_on_another_host_through_the_portals_proxy(mh
         assert TaskHostClient(client.base_url, client.host).get(landing).status_code == 403
     finally:
         owner_api.stop("web")
+
+
+def test_a_node_engine_as_docker_comes_is_not_taken_for_an_isolating_one(mh):
+    """A node host's dockerd with Docker's own default bridge (traffic
+    between containers on, a bridge the firewall does not match): its one-task
+    jobs go on our shared network (settings.SINGLE_TASK_NETWORK), never on
+    that bridge, whose containers all reach each other."""
+    from jobs.node import launcher
+
+    assert launcher.engine_for(mh.nodes["n1"].engine.socket).isolating_default_network() == ""

@@ -9,6 +9,11 @@ import subprocess
 import sys
 import threading
 
+import docker
+import pytest
+from django.conf import settings
+
+from jobs.node import launcher
 from tests.cluster import ROOT
 
 
@@ -42,3 +47,18 @@ def test_it_keeps_the_tests_records_apart_from_the_portals(tmp_path):
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
+
+
+@pytest.mark.services
+def test_the_dockerd_it_starts_isolates_one_task_jobs_on_its_default_bridge():
+    """scripts/lib.sh starts dockerd with its default bridge named for the
+    node's firewall and with traffic between containers off: the node agent
+    then runs one-task jobs there (jobs/node/launcher/docker.py). Another
+    engine (one that answered before the scripts ran) is its owner's."""
+    if os.environ.get("PORTAL_TEST_DOCKERD_STARTED") != "1":
+        pytest.skip("scripts/test did not start this Docker engine: its set-up is not the scripts'")
+    engine = launcher.engine_for(settings.DOCKER_HOST)
+    options = docker.from_env().api.inspect_network("bridge")["Options"]
+    assert options["com.docker.network.bridge.name"] == "pai-default"
+    assert options["com.docker.network.bridge.enable_icc"] == "false"
+    assert engine.isolating_default_network() == "bridge"

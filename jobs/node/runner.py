@@ -314,9 +314,12 @@ class Runner:
     def _network(self, ctx: LaunchContext) -> str:
         labels = {launcher.LABEL_INSTANCE: settings.PAI_INSTANCE}
         if not ctx.attempt.ip:
-            # A one-task job has no peers: one shared network where containers
-            # cannot reach each other (never Docker's default bridge, where
-            # every job reached every other). Costs ~30 ms per start.
+            # A one-task job has no peers: it runs where containers cannot
+            # reach each other (settings.SINGLE_TASK_NETWORK).
+            if settings.SINGLE_TASK_NETWORK == "isolated":
+                default = self.engine.isolating_default_network()
+                if default:
+                    return default
             name = shared_network_name()
             with self._network_lock(name):
                 self.engine.ensure_network(name, labels=labels, isolated=True)

@@ -203,6 +203,12 @@ class Engine(Protocol):
         its addresses; `isolated` stops traffic between its containers.
         Raises LaunchError("PLATFORM")."""
 
+    def isolating_default_network(self) -> str:
+        """The engine's default network if it isolates its containers as the
+        shared one-task network does (traffic between them off, and a bridge
+        the node's firewall matches), else "". Asked at every launch, so an
+        engine restarted without that set-up is noticed at its next task."""
+
     def remove_network(self, name: str) -> bool:
         """Remove a network; True if it is gone, False if containers still use it."""
 

@@ -15,8 +15,9 @@ rules match all of them, whichever jobs come and go:
                  services) is rejected.
 
 Traffic between containers on different networks is dropped by Docker
-itself (its DOCKER-ISOLATION chains); between containers of the shared
-one-task network by that network's enable_icc=false.
+itself (its DOCKER-ISOLATION chains); between one-task jobs' containers by
+ICC off: the shared network's enable_icc=false, or the engine's own
+--icc=false when its default bridge is ours (`pai-default`, scripts/lib.sh).
 
 Each agent installs its own copy of the rules, marked with a comment that
 names it (`host:pid`), and removes it when it stops with no task running;
@@ -46,6 +47,11 @@ class FirewallError(Exception):
 def bridge_name(network: str) -> str:
     """The Linux bridge of a task network (at most 15 characters)."""
     return BRIDGE_PREFIX + hashlib.sha1(network.encode()).hexdigest()[:11]
+
+
+def is_task_bridge(name: str) -> bool:
+    """Do the rules below match this Linux bridge (`-i pai-+`)?"""
+    return name.startswith(BRIDGE_PREFIX) and len(name) > len(BRIDGE_PREFIX)
 
 
 def _rules(owner: str) -> list[tuple[str, list[str]]]:

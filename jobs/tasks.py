@@ -12,7 +12,7 @@ from jobs.services import notifications
 
 def schedule() -> int:
     queues.wait_for_pass_slot(settings.SCHEDULER_MIN_PASS_GAP)
-    return services.schedule_pass()
+    return services.schedule_pass(here=agent.launch_here())
 
 
 def launch_task(attempt_id: int) -> None:

@@ -403,3 +403,32 @@ def test_a_job_stopped_by_its_user_is_never_retried(alice, node, last_exit):
     assert TaskAttempt.objects.filter(job=job).count() == 2
     assert not GpuAllocation.objects.filter(attempt__job=job).exists()
     assert not PortAllocation.objects.filter(attempt__job=job).exists()
+
+
+def test_a_pass_run_by_a_nodes_agent_hands_that_nodes_launches_over_and_queues_the_rest(alice, node):
+    """The agent that runs a pass takes its own node's launches at once; every
+    other node still gets a launch request through Redis."""
+    from rq import Queue
+
+    from jobs import queues
+
+    other = Node.objects.create(
+        name=f"{node.name}-b", address=f"b.{node.address}", docker_host="unix:///nonexistent", cpus=16,
+        memory_mb=16000, gpus=node.gpus, gpus_simulated=True, port_start=40000, port_end=40099,
+        last_heartbeat=timezone.now() + timedelta(hours=1), agent_pid=os.getpid())
+    try:
+        job = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", role(tasks=2, gpuNumber=8), gpuType=node.gpus[0]["type"]))
+        taken: list[int] = []
+        services.schedule_pass(here=services.LaunchHere(node_name=node.name, launch=taken.append))
+        job.refresh_from_db()
+        assert job.state == State.RUNNING, job.waiting_reason
+        placed = dict(TaskAttempt.objects.filter(job=job).values_list("node__name", "pk"))
+        assert taken == [placed[node.name]]
+        mine, theirs = (Queue(queues.node_queue_name(n.name), connection=queues.connection()) for n in (node, other))
+        assert mine.count == 0
+        assert [request.args for request in theirs.jobs] == [(placed[other.name],)]
+    finally:
+        Node.objects.filter(pk=other.pk).update(schedulable=False, last_heartbeat=timezone.now())
+        for attempt_id in TaskAttempt.objects.filter(node=other, state__in=ACTIVE_TASK_STATES).values_list("pk", flat=True):
+            services.attempt_record_exit(attempt_id, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="the test ended"))
+        Queue(queues.node_queue_name(other.name), connection=queues.connection()).empty()

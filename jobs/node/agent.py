@@ -53,6 +53,14 @@ def current() -> NodeAgent:
     return _current
 
 
+def launch_here() -> services.LaunchHere | None:
+    """This process's node and its runner's way to take a launch, for a
+    scheduling pass run here (services.schedule_pass); None outside an agent."""
+    if _current is None:
+        return None
+    return services.LaunchHere(node_name=_current.node.name, launch=_current.runner.launch)
+
+
 class AgentConflict(Exception):
     pass
 

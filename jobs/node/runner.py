@@ -50,9 +50,11 @@ class LaunchTiming:
             from rq import get_current_job  # the launch request's own moments
 
             job = get_current_job()
-            if job is not None and job.enqueued_at:  # UTC, naive or not
+            if job is not None and job.func_name == "jobs.tasks.launch_task" and job.enqueued_at:  # UTC, naive or not
                 moment = job.enqueued_at
                 self.marks["enqueued"] = calendar.timegm(moment.utctimetuple()) + moment.microsecond / 1e6
+            else:  # taken by this agent's own scheduling pass: no request went through Redis
+                self.marks["enqueued"] = self.marks["dequeued"]
 
     def mark(self, name: str) -> None:
         if self.marks:

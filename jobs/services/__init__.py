@@ -2,7 +2,7 @@
 
     submission  job_submit, suggest_job_name, parse_for_user, virtual_cluster_for
     lifecycle   job_stop, attempt_* (launch, running, exit), ContainerExit
-    scheduling  schedule_pass
+    scheduling  schedule_pass, LaunchHere
     nodes       node_register, node_heartbeat, node_leave, nodes_mark_lost; engine identity clashes;
                 node_cordon, node_drain, node_uncordon
     join_tokens node join tokens: create, match, revoke, use (scripts/join-node)
@@ -40,7 +40,7 @@ from jobs.services.cluster import (
     vc_usage,
 )
 from jobs.services.nodes import NodeInfo, node_heartbeat, node_leave, node_register, nodes_mark_lost
-from jobs.services.scheduling import schedule_pass
+from jobs.services.scheduling import LaunchHere, schedule_pass
 from jobs.services.pulls import PullCounts, pull_finish, pull_progress, pull_start, pulls_shown
 from jobs.services.submission import (
     SubmitError,
@@ -65,7 +65,7 @@ __all__ = [
     "attempt_set_ssh_available", "attempts_note_activity",
     "attempt_unclaim", "job_delete", "job_stop", "never_fits_reason", "node_usage",
     "queue_position", "vc_usage", "job_submit", "node_heartbeat", "node_leave", "node_register", "nodes_mark_lost",
-    "parse_for_user", "schedule_pass", "suggest_job_name", "virtual_cluster_for",
+    "LaunchHere", "parse_for_user", "schedule_pass", "suggest_job_name", "virtual_cluster_for",
     "TerminalForbidden", "TerminalNotRunning", "TerminalRefused", "TerminalTarget",
     "terminal_session_close", "terminal_session_open",
 ]

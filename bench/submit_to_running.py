@@ -16,7 +16,7 @@ ports, init, limits), shows what of the difference is the container's
 set-up rather than the portal. One-task jobs run on the engine's default
 bridge when dockerd was started to isolate it (`--icc=false --bridge
 pai-default`, as scripts/lib.sh starts it), else on a network of ours,
-whose embedded DNS costs each start ~70 ms: the bench prints which.
+whose embedded DNS costs each start 50-80 ms: the bench prints which.
 
 The breakdown of the portal's side comes from moments recorded on the way,
 each a wall-clock time on this one machine:

@@ -289,7 +289,7 @@ JOB_SUBNET_POOL = env_str("JOB_SUBNET_POOL", "10.213.0.0/16")
 # jobs each get a network of their own. "isolated": the engine's default
 # bridge if the engine was started to isolate it (ICC off, a `pai-` bridge
 # the node's firewall matches: scripts/lib.sh starts dockerd so), which
-# starts a container ~70 ms sooner; else a shared network of ours with ICC
+# starts a container 50-80 ms sooner; else a shared network of ours with ICC
 # off. "shared": always that network (an engine whose default bridge serves
 # other containers too). Docker's default bridge as it comes, where every
 # job reached every other (security finding 5), is never used.

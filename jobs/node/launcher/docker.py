@@ -191,7 +191,7 @@ class DockerEngine:
         # --icc=false). Worth a look-up per launch: Docker gives containers
         # on its default bridge no embedded DNS, whose set-up (a re-exec of
         # dockerd and eleven iptables calls in the container's namespace)
-        # is ~70 ms of every start on a network of ours.
+        # is 50-80 ms of every start on a network of ours.
         try:
             options = self.api.inspect_network(DEFAULT_NETWORK).get("Options") or {}
         except docker.errors.NotFound:  # dockerd --bridge=none

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sqlite3
 import statistics
@@ -50,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.stack import Stack, percentile  # noqa: E402
-from jobs.node.launcher import firewall  # noqa: E402
+from jobs.node import launcher  # noqa: E402
 
 IMAGE = "pai-local/busybox:latest"
 COMMAND = "sleep 5"
@@ -186,16 +187,6 @@ EQUAL_NETWORK = "bench-latency-equal"
 _equal_ports = iter(range(10**9))
 
 
-def default_bridge_isolates() -> bool:
-    """As the node agent decides (DockerEngine.isolating_default_network):
-    traffic between containers off, and a bridge the firewall matches."""
-    out = subprocess.run(["docker", "network", "inspect", "-f", "{{json .Options}}", "bridge"], capture_output=True,
-                         text=True).stdout
-    options = json.loads(out or "{}")
-    return (options.get("com.docker.network.bridge.enable_icc") == "false"
-            and firewall.is_task_bridge(options.get("com.docker.network.bridge.name", "")))
-
-
 def equal_options(network: str) -> list[str]:
     """What the portal asks of Docker for such a task, on the bare side: a
     network with no traffic between its containers (the engine's default
@@ -222,7 +213,9 @@ def main() -> None:
     stack.env["PAI_BENCH_TIMING_FILE"] = str(timing_file)
     try:
         stack.start(agent_args=["--cpus", "256", "--memory-mb", "65536", "--ports", "19000-19799"])
-        equal_network = "bridge" if default_bridge_isolates() else EQUAL_NETWORK
+        # The network the node agent picks for a one-task job on this engine.
+        engine = launcher.engine_for(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+        equal_network = engine.isolating_default_network() or EQUAL_NETWORK
         print(f"one-task jobs run on {equal_network!r}", flush=True)
         subprocess.run(["docker", "network", "create", "--label", "pai.instance=bench-latency", "-o",
                         "com.docker.network.bridge.enable_icc=false", EQUAL_NETWORK], capture_output=True, check=True)

@@ -659,9 +659,7 @@ def _send_launches(launches: list[tuple[str, int]], here: LaunchHere | None) -> 
         queues.enqueue_launches(launches)
         return
     queues.enqueue_launches([(name, attempt_id) for name, attempt_id in launches if name != here.node_name])
-    for name, attempt_id in launches:
-        if name != here.node_name:
-            continue
+    for attempt_id in [attempt_id for name, attempt_id in launches if name == here.node_name]:
         try:
             here.launch(attempt_id)
         except Exception:  # the others still go; this one is sent again as above

@@ -89,8 +89,12 @@ def _peer(attempt: TaskAttempt) -> environment.PeerTask:
 
 def load_context(attempt_id: int) -> LaunchContext:
     attempt = TaskAttempt.objects.select_related("task", "job", "job__owner", "node", "job_attempt").get(pk=attempt_id)
-    peers = [_peer(a) for a in TaskAttempt.objects.filter(job_attempt=attempt.job_attempt).select_related("task", "node")]
-    return LaunchContext(attempt=attempt, job=attempt.job, spec=attempt.job.spec, me=_peer(attempt), peers=peers)
+    me = _peer(attempt)
+    if attempt.job.total_tasks == 1:  # its only peer is itself: no second query on the launch's path
+        peers = [me]
+    else:
+        peers = [_peer(a) for a in TaskAttempt.objects.filter(job_attempt=attempt.job_attempt).select_related("task", "node")]
+    return LaunchContext(attempt=attempt, job=attempt.job, spec=attempt.job.spec, me=me, peers=peers)
 
 
 def task_command(ctx: LaunchContext) -> str:

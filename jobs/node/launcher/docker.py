@@ -79,6 +79,12 @@ class DockerEngine:
         client = getattr(self._local, "api", None)
         if client is None:
             client = docker.APIClient(base_url=self.base_url, timeout=self._timeout, version="auto")
+            # requests reads the proxy, netrc and CA-bundle variables of the
+            # environment again on every call: a quarter of the CPU of an
+            # inspect (bench/submit_to_running.py). An engine is never
+            # reached through an HTTP proxy; only an https:// one keeps them,
+            # for a CA bundle given in REQUESTS_CA_BUNDLE.
+            client.trust_env = self.base_url.startswith("https://")
             self._local.api = client
         return client
 
@@ -192,13 +198,15 @@ class DockerEngine:
         # on its default bridge no embedded DNS, whose set-up (a re-exec of
         # dockerd and eleven iptables calls in the container's namespace)
         # is 50-80 ms of every start on a network of ours.
+        # Listed, not inspected: a network's inspect lists every container
+        # on it (a node's thousand tasks), the list since API 1.28 none.
         try:
-            options = self.api.inspect_network(DEFAULT_NETWORK).get("Options") or {}
-        except docker.errors.NotFound:  # dockerd --bridge=none
-            return ""
+            found = self.api.networks(filters={"name": [DEFAULT_NETWORK], "type": ["builtin"]})
         except docker.errors.APIError as exc:
-            raise LaunchError("PLATFORM", f"could not inspect the network {DEFAULT_NETWORK}: "
+            raise LaunchError("PLATFORM", f"could not look up the network {DEFAULT_NETWORK}: "
                                           f"{exc.explanation or exc}") from None
+        # The name filter matches a part of the name; none is dockerd --bridge=none.
+        options = next((network.get("Options") or {} for network in found if network.get("Name") == DEFAULT_NETWORK), {})
         isolating = (options.get("com.docker.network.bridge.enable_icc") == "false"
                      and firewall.is_task_bridge(options.get("com.docker.network.bridge.name", "")))
         return DEFAULT_NETWORK if isolating else ""

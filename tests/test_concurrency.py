@@ -22,7 +22,6 @@ from django.utils import timezone
 
 from jobs import services
 from jobs.models import ACTIVE_TASK_STATES, GpuAllocation, Job, Node, PortAllocation, State, TaskAttempt
-from jobs.services import scheduling
 from tests.cluster import wait_for
 from tests.helpers import submit_in_one_batch
 
@@ -61,12 +60,7 @@ def _config(name: str, gpu_type: str, gpus: int, cpus: int) -> str:
     })
 
 
-# On SQLite a pass plans a short queue under the write lock at once and a
-# long one first without it (scheduling.LOOK_FIRST_FROM): both ways here.
-@pytest.mark.parametrize("look_first_from", [0, 10_000], ids=["looks-first", "plans-under-lock"])
-def test_it_never_double_allocates_under_fifty_concurrent_submissions(alice, limited_node, monkeypatch,
-                                                                       look_first_from):
-    monkeypatch.setattr(scheduling, "LOOK_FIRST_FROM", look_first_from)
+def test_it_never_double_allocates_under_fifty_concurrent_submissions(alice, limited_node):
     node, gpu_type = limited_node
     shapes = [(1, 1), (2, 2), (1, 3)]  # (gpus, cpus): mixed sizes stress every sum
 

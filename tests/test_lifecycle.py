@@ -432,3 +432,57 @@ def test_a_pass_run_by_a_nodes_agent_hands_that_nodes_launches_over_and_queues_t
         for attempt_id in TaskAttempt.objects.filter(node=other, state__in=ACTIVE_TASK_STATES).values_list("pk", flat=True):
             services.attempt_record_exit(attempt_id, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="the test ended"))
         Queue(queues.node_queue_name(other.name), connection=queues.connection()).empty()
+
+
+def test_a_pass_on_sqlite_reads_again_under_the_lock_only_after_another_connection_committed(alice, node, monkeypatch):
+    """A pass looks first without the write lock; under the lock it reads the
+    cluster again only if another connection committed since (PRAGMA
+    data_version), and then decides on what it read last."""
+    import threading
+
+    from django.db import connection
+
+    from jobs.services import scheduling
+
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's pass takes its lock first and reads once")
+    reads: list[int] = []
+    versions: list[int] = []
+    real_read, real_version, real_plan = scheduling._read, scheduling._data_version, scheduling._plan
+    monkeypatch.setattr(scheduling, "_read", lambda: reads.append(1) or real_read())
+    monkeypatch.setattr(scheduling, "_data_version", lambda: versions.append(real_version()) or versions[-1])
+    here = services.LaunchHere(node_name=node.name, launch=lambda attempt_id: None)
+    gpus = role(gpuNumber=1)
+
+    first = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", gpus, gpuType=node.gpus[0]["type"]))
+    services.schedule_pass(here=here)
+    first.refresh_from_db()
+    assert first.state == State.RUNNING, first.waiting_reason
+    # Other processes (a test cluster's agents) may commit meanwhile; only then is there a second read.
+    assert len(versions) == 2 and len(reads) == (1 if versions[0] == versions[1] else 2)
+
+    # Another connection makes the node unschedulable between the look (which
+    # placed the job) and the lock: the pass must see it and place nothing.
+    def plan_then_commit_elsewhere(inputs):
+        plan = real_plan(inputs)
+        if len(reads) == 1:
+            def elsewhere() -> None:
+                Node.objects.filter(pk=node.pk).update(schedulable=False)
+                connection.close()
+
+            thread = threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+        return plan
+
+    reads.clear()
+    versions.clear()
+    monkeypatch.setattr(scheduling, "_plan", plan_then_commit_elsewhere)
+    second = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", gpus, gpuType=node.gpus[0]["type"]))
+    try:
+        assert services.schedule_pass(here=here) == 0
+        assert versions[0] != versions[1] and len(reads) == 2
+        second.refresh_from_db()
+        assert second.state == State.WAITING
+    finally:
+        Node.objects.filter(pk=node.pk).update(schedulable=True)

@@ -514,8 +514,6 @@ class _Plan:
 
 
 def _plan(inputs: _Inputs) -> _Plan:
-    global _waiting_seen
-    _waiting_seen = len(inputs.waiting)
     states, quota = _ready_states(inputs)
     owners = {key: scheduler.UserQuota(*values) for key, values in inputs.limits.items()}
     decision = scheduler.schedule(_requests(inputs.waiting), states, quota,
@@ -609,29 +607,21 @@ def _record_duration(seconds: float) -> None:
         log.warning("could not record the scheduling pass's duration", exc_info=True)
 
 
-# On SQLite, a pass whose previous one in this process saw fewer waiting
-# jobs than this plans under the write lock at once (see _schedule_pass).
-LOOK_FIRST_FROM = 200
-_waiting_seen = LOOK_FIRST_FROM  # a process's first pass looks first
-
-
 def _schedule_pass(here: LaunchHere | None) -> int:
     """On SQLite a first look is taken without the write lock: that lock is
     the whole database's, and a pass over thousands of waiting jobs would
     hold up every submission meanwhile. Only when a job can start is the
     pass done again under the lock, so placements see every allocation
-    committed before them. A short queue (the last pass saw fewer than
-    LOOK_FIRST_FROM waiting jobs) is planned under the lock at once: that
-    holds submissions up for a few milliseconds, where the first look's
-    second read of the cluster was a third of the pass that starts a job
-    (bench/submit_to_running.py). On PostgreSQL the lock is one row's,
-    which only other passes take: a pass takes it first and looks once."""
+    committed before them, unless nothing was committed meanwhile. On
+    PostgreSQL the lock is one row's, which only other passes take: a pass
+    takes it first and looks once."""
     queues.schedule_pass_started()
     nodes_mark_lost()
-    if connection.vendor == "postgresql" or _waiting_seen < LOOK_FIRST_FROM:
+    if connection.vendor == "postgresql":
         with transaction.atomic():
             _lock_passes()
             return _carry_out(_plan(_read()), here)
+    version = _data_version()
     plan = _plan(_read())
     if not plan.decision.placed:
         # Each reason's UPDATE stands on its own; no transaction, so a pass
@@ -640,10 +630,22 @@ def _schedule_pass(here: LaunchHere | None) -> int:
         return 0
     with transaction.atomic():
         _lock_passes()
-        inputs = _read()
-        if inputs != plan.inputs:  # else the same inputs decide the same: no need to decide again
-            plan = _plan(inputs)
+        # Read again only if another connection committed since the look:
+        # on a quiet cluster that second read was a third of the pass that
+        # starts a job (bench/submit_to_running.py).
+        if _data_version() != version:
+            inputs = _read()
+            if inputs != plan.inputs:  # else the same inputs decide the same: no need to decide again
+                plan = _plan(inputs)
         return _carry_out(plan, here)
+
+
+def _data_version() -> int:
+    """SQLite's PRAGMA data_version: it changes when any other connection,
+    of this process or another, commits to the database."""
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA data_version")
+        return cursor.fetchone()[0]
 
 
 def _lock_passes() -> None:

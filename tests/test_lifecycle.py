@@ -486,3 +486,67 @@ def test_a_pass_on_sqlite_reads_again_under_the_lock_only_after_another_connecti
         assert second.state == State.WAITING
     finally:
         Node.objects.filter(pk=node.pk).update(schedulable=True)
+
+
+def test_a_stop_asked_while_a_task_starts_does_not_deadlock_with_recording_its_start(alice, node, monkeypatch):
+    """A stop locks the job's row, then its tasks'; recording a start must
+    take them in that order too. The other way round, PostgreSQL found a
+    deadlock and aborted one of the two (the API answered the stop with 500)."""
+    import threading
+
+    from django.db import connection
+
+    from jobs.services import lifecycle
+    from tests.cluster import wait_for
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's write lock, taken at BEGIN, makes the two wait in turn")
+    job = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", role(gpuNumber=1), gpuType=node.gpus[0]["type"]))
+    services.schedule_pass(here=services.LaunchHere(node_name=node.name, launch=lambda attempt_id: None))
+    attempt = TaskAttempt.objects.get(job=job)
+    assert services.attempt_claim_launch(attempt.pk)
+
+    holding, go_on = threading.Event(), threading.Event()
+    real_stop_tasks = lifecycle._stop_attempt_tasks
+
+    def stop_tasks_later(*args):  # the stop holds the job's row here
+        holding.set()
+        go_on.wait(30)
+        return real_stop_tasks(*args)
+
+    monkeypatch.setattr(lifecycle, "_stop_attempt_tasks", stop_tasks_later)
+    errors: list[BaseException] = []
+    started: list[bool] = []
+
+    def in_thread(work) -> threading.Thread:
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    stopping = in_thread(lambda: services.job_stop(job=job, by=alice))
+    assert holding.wait(30)
+    recording = in_thread(lambda: started.append(services.attempt_mark_running(attempt.pk, container_id="c" * 64)))
+
+    def recording_waits_for_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock'")
+            return cursor.fetchone()[0] > 0
+
+    wait_for(recording_waits_for_a_lock, timeout=30, what="recording the start to wait for the stop's lock")
+    go_on.set()
+    stopping.join(30)
+    recording.join(30)
+    assert not errors, errors
+    assert started == [True]
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.state == State.STOPPING and attempt.state == TaskState.RUNNING and attempt.stop_reason

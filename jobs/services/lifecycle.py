@@ -174,11 +174,17 @@ def attempt_unclaim(attempt_id: int) -> bool:
 def attempt_mark_running(attempt_id: int, *, container_id: str, started_at: datetime | None = None) -> bool:
     started_at = started_at or timezone.now()
     with transaction.atomic():
+        attempt = TaskAttempt.objects.only("job_id", "number").filter(pk=attempt_id).first()
+        if attempt is None:
+            return False
+        # The job's row first, as a stop and a recorded exit lock it: taking
+        # the task's row first deadlocked with a stop asked while the task
+        # was starting (PostgreSQL aborted one of the two).
+        list(Job.objects.select_for_update().filter(pk=attempt.job_id).values_list("pk", flat=True))
         changed = TaskAttempt.objects.filter(pk=attempt_id, state=TaskState.LAUNCHING).update(
             state=TaskState.RUNNING, container_id=container_id, started_at=started_at, last_activity_at=started_at
         ) == 1
         if changed:
-            attempt = TaskAttempt.objects.only("job_id", "number").get(pk=attempt_id)
             Job.objects.filter(pk=attempt.job_id, started_at__isnull=True).update(started_at=started_at)
             JobAttempt.objects.filter(job_id=attempt.job_id, number=attempt.number, started_at__isnull=True).update(
                 started_at=started_at

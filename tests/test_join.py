@@ -239,7 +239,11 @@ def test_join_node_in_the_foreground_starts_an_agent_that_runs_jobs(cluster, adm
         node = Node.objects.get(name=name)
         assert node.engine_marker == Node.objects.get(name="t-node-a").engine_marker
         job = submit(alice, config("joined", role(command="echo hello from $PAI_JOB_NAME", gpus=1), gpuType=GPU_TYPE))
-        job = wait_state(job, State.SUCCEEDED, timeout=90)
+        try:
+            job = wait_state(job, State.SUCCEEDED, timeout=90)
+        except AssertionError as exc:  # what the joined agent said: why it stopped, or stopped beating
+            raise AssertionError(f"{exc}\njoined agent ({'running' if agent.alive() else 'exited'}):\n"
+                                 f"{agent.log_tail(80)}") from None
         assert TaskAttempt.objects.get(job=job).node_name == name
     finally:
         agent.stop()

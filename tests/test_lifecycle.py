@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from jobs import services
@@ -33,8 +35,10 @@ from jobs.models import (
     TaskAttempt,
     TaskState,
 )
+from jobs.services import lifecycle, scheduling
 from jobs.services.lifecycle import ContainerExit, _classify
 from jobs.spec import parse_job_config
+from tests.cluster import wait_for
 from tests.helpers import config, role, submit
 
 # ------------------------------------------------------- classifying one exit
@@ -438,12 +442,6 @@ def test_a_pass_on_sqlite_reads_again_under_the_lock_only_after_another_connecti
     """A pass looks first without the write lock; under the lock it reads the
     cluster again only if another connection committed since (PRAGMA
     data_version), and then decides on what it read last."""
-    import threading
-
-    from django.db import connection
-
-    from jobs.services import scheduling
-
     if connection.vendor != "sqlite":
         pytest.skip("PostgreSQL's pass takes its lock first and reads once")
     reads: list[int] = []
@@ -492,13 +490,6 @@ def test_a_stop_asked_while_a_task_starts_does_not_deadlock_with_recording_its_s
     """A stop locks the job's row, then its tasks'; recording a start must
     take them in that order too. The other way round, PostgreSQL found a
     deadlock and aborted one of the two (the API answered the stop with 500)."""
-    import threading
-
-    from django.db import connection
-
-    from jobs.services import lifecycle
-    from tests.cluster import wait_for
-
     if connection.vendor != "postgresql":
         pytest.skip("SQLite's write lock, taken at BEGIN, makes the two wait in turn")
     job = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", role(gpuNumber=1), gpuType=node.gpus[0]["type"]))

@@ -80,8 +80,8 @@ class DockerEngine:
         if client is None:
             client = docker.APIClient(base_url=self.base_url, timeout=self._timeout, version="auto")
             # requests reads the proxy, netrc and CA-bundle variables of the
-            # environment again on every call: a quarter of the CPU of an
-            # inspect (bench/submit_to_running.py). An engine is never
+            # environment again on every call: 0.15 of the 0.6 ms of CPU an
+            # image inspect took here (timed in a loop). An engine is never
             # reached through an HTTP proxy; only an https:// one keeps them,
             # for a CA bundle given in REQUESTS_CA_BUNDLE.
             client.trust_env = self.base_url.startswith("https://")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.db import connection, transaction
@@ -199,3 +200,29 @@ def test_the_duration_order_comes_from_its_indexes(make_user, mixed_jobs, who):
         else:  # PostgreSQL: migration 0008's, which its planner picks as the table grows
             cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'jobs_job'")
             assert {"job_run_time_idx", "job_running_since_idx"} <= {name for (name,) in cursor.fetchall()}
+
+
+# Two starts whose run times of exactly 500 s come out of SQLite's julianday
+# arithmetic as 500.00002 s and 499.99998 s: unrounded, the job made second
+# sorted first ascending, whatever its id.
+EQUAL_RUNS_STARTED = [datetime(2025, 12, 31, 18, 56, 53, tzinfo=dt_timezone.utc),
+                      datetime(2025, 12, 31, 22, 0, 13, tzinfo=dt_timezone.utc)]
+
+
+@pytest.mark.parametrize("sort", SORTS)
+def test_jobs_that_ran_equally_long_tie_by_id_on_every_way_to_the_list(make_user, alice, sort):
+    admin = make_user("admin", admin=True)
+    vc = VirtualCluster.objects.get(name=VirtualCluster.DEFAULT)
+    prefix = unique("tie_")
+    with transaction.atomic():
+        made = [Job.objects.create(owner=alice, name=f"{prefix}{n}", virtual_cluster=vc, state=State.SUCCEEDED,
+                                   config_raw="{}", config={}, submitted_at=started, started_at=started,
+                                   finished_at=started + timedelta(seconds=500))
+                for n, started in enumerate(EQUAL_RUNS_STARTED)]
+        expected = sorted((job.pk for job in made), reverse=sort.startswith("-"))
+        ours = set(expected)
+        for filters, viewer in ((listing.JobFilters(user=listing.ALL_USERS, sort=sort), admin),  # indexed, all users
+                                (listing.JobFilters(sort=sort), alice),  # indexed, own jobs
+                                (listing.JobFilters(q=prefix, sort=sort), alice)):  # filtered: a plain sort
+            assert [pk for pk in walk(filters, viewer, per_page=50) if pk in ours] == expected, filters
+        transaction.set_rollback(True)

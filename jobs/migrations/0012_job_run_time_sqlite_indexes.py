@@ -4,8 +4,9 @@ listing._ids_by_run_time_sqlite merges three streams that these give in
 order, so a page no longer computes and sorts the run time of every job (a
 third of a second at 100,000 jobs in bench/job_list.py):
 
-- finished jobs by their run time, which never changes; the expression must
-  stay listing.FinishedRunSeconds' SQLite form, or SQLite will not use it.
+- finished jobs by their run time, which never changes; the expression was
+  listing.FinishedRunSeconds' SQLite form, or SQLite would not use it
+  (migration 0013 remade both on the run time rounded to the millisecond).
   finished_at and started_at ride along so that the run time comes from the
   index alone, without a read of each (wide) row of a deep page;
 - running jobs by start (their run time grows with 'now'), ties by id
@@ -23,7 +24,7 @@ from django.db import migrations
 FINISHED = "WHERE finished_at IS NOT NULL AND started_at IS NOT NULL"
 RUNNING = "WHERE finished_at IS NULL AND started_at IS NOT NULL"
 NEVER_STARTED = "WHERE started_at IS NULL"
-# listing.FinishedRunSeconds' SQLite form, exactly.
+# listing.FinishedRunSeconds' SQLite form at the time (0013 rounds it).
 RUN_TIME = "((julianday(finished_at) - julianday(started_at)) * 86400.0)"
 SQLITE_INDEXES = {
     "job_run_time_sqlite_idx": f"(({RUN_TIME}), id, finished_at, started_at) {FINISHED}",

@@ -3,10 +3,11 @@ on the run time rounded to the millisecond.
 
 A difference of two julianday values is off by some 20 microseconds, and
 by a different amount for different dates: two jobs that ran exactly as
-long compared unequal, so the list sorted by duration broke their tie by
-that error instead of by id (tests/test_job_list_duration_sqlite.py failed
-for about one start time in thirteen). listing.FinishedRunSeconds now
-rounds, and an index is used only for its very expression.
+long compared unequal for about one start time in thirteen, and the list
+sorted by duration then broke their tie by that error instead of by id
+(tests/test_job_list_duration_sqlite.py failed now and then).
+listing.FinishedRunSeconds now rounds, and SQLite uses an index only for
+its very expression.
 """
 
 from django.db import migrations

@@ -3,8 +3,10 @@ runs on; cordoned, drained and returned to service by admins."""
 
 from __future__ import annotations
 
+import math
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -131,6 +133,7 @@ class _Watch:
         self._lock = threading.Lock()
         self._since: datetime | None = None
         self._last: datetime | None = None
+        self.last_look = -math.inf  # time.monotonic() of this process's last look, read or not
 
     def since(self, now: datetime) -> datetime:
         """Record a check at `now`; the start of the current unbroken watch."""
@@ -145,10 +148,21 @@ class _Watch:
 _watch = _Watch()
 
 
+def nodes_mark_lost_if_due() -> list[str]:
+    """`nodes_mark_lost`, unless this process looked within the last
+    NODE_HEARTBEAT_SECONDS. Scheduling passes call this: every agent's
+    heartbeat looks anyway, and a look on each pass (a query the ORM built
+    at every submission's pass) only repeated it."""
+    if time.monotonic() - _watch.last_look < settings.NODE_HEARTBEAT_SECONDS:
+        return []
+    return nodes_mark_lost()
+
+
 def nodes_mark_lost(now: datetime | None = None) -> list[str]:
     """Nodes whose heartbeat stopped are lost; their tasks end as failed
     with a platform reason (and their jobs retry if they may). Only silence
     this process watched for the whole window counts (_Watch)."""
+    _watch.last_look = time.monotonic()
     now = now or timezone.now()
     window = timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
     cutoff = now - window

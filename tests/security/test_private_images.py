@@ -113,3 +113,19 @@ def test_it_keeps_public_images_free_of_registry_round_trips(alice, registry_nod
     # pai-local/... has no registry at all: asking one would fail the job.
     job = run(alice, "public", BUSYBOX_IMAGE)
     assert job.state == State.SUCCEEDED, job.exit_reason
+
+
+def test_it_pulls_again_an_image_removed_after_the_node_saw_it(alice, registry, private_image, registry_node):
+    # The node remembers that it has an image (jobs/node/images.py) and does
+    # not look again at each launch; removed behind its back, the image is
+    # found missing when the container is created, and pulled again.
+    api = docker.from_env().api
+    for name in ("pulled", "seen"):  # the second launch finds it on the node
+        job = run(alice, name, private_image, authFile=auth_file(alice, "registry-auth", registry, PASSWORD))
+        assert job.state == State.SUCCEEDED, job.exit_reason
+    api.remove_image(private_image)
+
+    second = run(alice, "removed", private_image, authFile="registry-auth")
+    assert second.state == State.SUCCEEDED, second.exit_reason
+    assert lines(second) == ["removed ran"]
+    assert private_image in api.inspect_image(private_image)["RepoTags"]

@@ -40,6 +40,15 @@ class LaunchError(Exception):
         self.message = message
 
 
+class ImageMissing(LaunchError):
+    """The engine has no image of that name (Engine.run): removed since the
+    node last saw it. The caller may make sure of it again and retry."""
+
+    def __init__(self, image: str) -> None:
+        super().__init__("IMAGE_PULL", f"the image {image} is not on the node")
+        self.image = image
+
+
 # Capabilities a task keeps: Docker's default set less NET_RAW (raw sockets:
 # spoofing, ARP tricks on the bridge), MKNOD, SETFCAP, SETPCAP and
 # AUDIT_WRITE. Root in a task can still install packages, chown files and
@@ -234,8 +243,9 @@ class Engine(Protocol):
         """Create and start a task's container and return its id. A container
         of that name that exists already is adopted (a launch retried after a
         crash). The container runs the prologue, then `spec.command`.
-        Raises LaunchError("PLATFORM"); a container that could not start is
-        removed first."""
+        Raises ImageMissing when the engine has no `spec.image`, else
+        LaunchError("PLATFORM"); a container that could not start is removed
+        first."""
 
     def state(self, container_id: str) -> ContainerState | None:
         """The container's state now; None if it does not exist."""

@@ -28,7 +28,8 @@ from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, Lo
 
 from jobs.images import reference_key
 from jobs.node.launcher import (
-    ContainerSpec, ContainerState, EngineInfo, LaunchError, LogStream, PullProgress, PullWatcher, RegistryAuth, firewall,
+    ContainerSpec, ContainerState, EngineInfo, ImageMissing, LaunchError, LogStream, PullProgress, PullWatcher,
+    RegistryAuth, firewall,
 )
 from jobs.node.launcher import ENGINE_MARKER_NAME, LABEL_ENGINE_MARKER
 from jobs.node.launcher.docker_logs import SocketLogStream, logs_request
@@ -274,6 +275,8 @@ class DockerEngine:
                 host_config=host_config, networking_config=networking, name=spec.name, detach=True,
             )
             container_id = created["Id"]
+        except docker.errors.ImageNotFound:
+            raise ImageMissing(spec.image) from None
         except docker.errors.APIError as exc:
             if exc.status_code != 409:
                 self._networks_known.discard(spec.network)

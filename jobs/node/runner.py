@@ -280,9 +280,13 @@ class Runner:
         node = self.context.node
         # A role's own image is protocol v2's, which has no authFile.
         image, _auth = ctx.spec.role_image(ctx.me.role)
-        auth = config_registry_auth(ctx) or self._registry_auth(ctx.spec, reader=owner_reader(ctx.job))
-        self._images.ensure(image, auth, allowed=settings.REGISTRY_ALLOWED,
-                            note=lambda text: self.writer.note(attempt_id, text), attempt_id=attempt_id)
+        auth = config_registry_auth(ctx) or self._registry_auth(ctx)
+
+        def ensure_image() -> None:
+            self._images.ensure(image, auth, allowed=settings.REGISTRY_ALLOWED,
+                                note=lambda text: self.writer.note(attempt_id, text), attempt_id=attempt_id)
+
+        ensure_image()
         code_dir = self._stage_code(ctx) if ctx.spec.code_dir else ""
         data_dir = self._stage_data(ctx) if ctx.spec.data_dir else ""
         network = self._network(ctx)
@@ -305,13 +309,21 @@ class Runner:
             files=peer_ssh_files(ctx) if len(ctx.peers) > 1 else {},
         )
         timing.mark("prepared")
-        return self.engine.run(spec)
+        try:
+            return self.engine.run(spec)
+        except launcher.ImageMissing:  # removed since this node saw it: make sure of it again, once
+            self._images.forget(image)
+            ensure_image()
+            return self.engine.run(spec)
 
-    def _registry_auth(self, spec: JobSpec, *, reader: storage.Reader) -> launcher.RegistryAuth | None:
-        if not spec.auth_file:
+    def _registry_auth(self, ctx: LaunchContext) -> launcher.RegistryAuth | None:
+        """The credentials in the job's authFile, read as its owner. Only
+        then is the owner's reader made: whether they are an admin is two
+        queries (their permissions, their groups')."""
+        if not ctx.spec.auth_file:
             return None
         try:
-            data = storage.read_small_file(spec.auth_file, max_bytes=64 * 1024, reader=reader)
+            data = storage.read_small_file(ctx.spec.auth_file, max_bytes=64 * 1024, reader=owner_reader(ctx.job))
             registry, username, password = storage.parse_auth_file(data)
         except storage.StorageError as exc:
             raise launcher.LaunchError(ExitType.IMAGE_PULL, f"could not read authFile: {exc}") from None

@@ -653,8 +653,7 @@ def _schedule_pass(here: LaunchHere | None) -> int:
         # that changes nothing never takes the write lock at all.
         _record_waiting(plan)
         return 0
-    with transaction.atomic():
-        _lock_passes()
+    with transaction.atomic():  # BEGIN IMMEDIATE: this waits for any other pass (transaction_mode)
         # Read again only if another connection committed since the look:
         # on a quiet cluster that second read was a third of the pass that
         # starts a job (bench/submit_to_running.py).
@@ -674,7 +673,8 @@ def _data_version() -> int:
 
 
 def _lock_passes() -> None:
-    """Wait for any other pass to end (SQLite's write lock is taken at BEGIN already)."""
+    """Wait for any other pass to end, on PostgreSQL (on SQLite the
+    transaction's BEGIN took the database's write lock already)."""
     list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
 
 

@@ -111,6 +111,18 @@ def test_the_search_box_matches_names_case_blind_and_literally_and_ids(alice, bo
     assert found(f"#{running.pk}") == found(str(running.pk)) == ["running"]
 
 
-def _names_matching(q: str, viewer) -> list[str]:
-    jobs = listing.filtered_jobs(listing.JobFilters(q=q), viewer=viewer)
+def test_an_admins_search_looks_in_the_user_chosen_or_in_everyones_jobs(make_user, alice, bob):
+    admin = make_user("admin", admin=True)
+    vc = VirtualCluster.objects.get(name=VirtualCluster.DEFAULT)
+    for owner, name in ((alice, "probe_one"), (bob, "Probe_two"), (admin, "probe_three")):
+        Job.objects.create(owner=owner, name=name, virtual_cluster=vc, state=State.SUCCEEDED, config_raw="{}", config={})
+
+    assert sorted(_names_matching("PROBE", admin, user=bob.username)) == ["Probe_two"]
+    assert sorted(_names_matching("PROBE", admin, user="")) == ["probe_three"]
+    everyone = _names_matching("PROBE", admin, user=listing.ALL_USERS)
+    assert {"probe_one", "Probe_two", "probe_three"} <= set(everyone)
+
+
+def _names_matching(q: str, viewer, **filters) -> list[str]:
+    jobs = listing.filtered_jobs(listing.JobFilters(q=q, **filters), viewer=viewer)
     return list(jobs.values_list("name", flat=True))

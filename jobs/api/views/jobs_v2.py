@@ -67,20 +67,13 @@ def _order(order: str | None) -> list[str]:
     return [sign + ORDER_FIELDS[field], sign + "id"]
 
 
-def _tags_of(ids: list[int]) -> dict[int, list[str]]:
-    found: dict[int, list[str]] = {}
-    for job_id, value in JobTag.objects.filter(job_id__in=ids).values_list("job_id", "value"):
-        found.setdefault(job_id, []).append(value)
-    return found
-
-
 @handler(Access.USER)
 def _list(request: HttpRequest) -> HttpResponse:
     jobs = _filtered(request)
     offset = int_param(request.GET, "offset", default=0, minimum=0, maximum=10**9)
     limit = int_param(request.GET, "limit", default=MAX_PAGE, minimum=1, maximum=MAX_PAGE)
     ids = list(jobs.values_list("pk", flat=True)[offset:offset + limit])
-    tags_by_job = _tags_of(ids)
+    tags_by_job = listing.tags_of(ids)
     data = [{**serializers.job_summary(job), "tags": tags_by_job.get(job.pk, [])} for job in listing.jobs_by_ids(ids)]
     if request.GET.get("withTotalCount") == "true":
         return ok({"totalCount": jobs.count(), "data": data})

@@ -10,7 +10,7 @@ bench/job_list.py measures both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import connections
@@ -207,7 +207,7 @@ class JobListPage:
     count: int  # exact up to COUNT_CAP
     count_capped: bool  # there are more than COUNT_CAP
     has_next: bool
-    tags: dict[int, list[str]] = field(default_factory=dict)  # by job id: the page's jobs' tags
+    tags: dict[int, list[str]]  # by job id: the page's jobs' tags
 
     @property
     def has_previous(self) -> bool:
@@ -279,8 +279,9 @@ def job_list_page(filters: JobFilters, *, viewer: User, number: int = 1, per_pag
         count = jobs.order_by().values("pk")[:COUNT_CAP + 1].count()
         capped = count > COUNT_CAP
         count = min(count, COUNT_CAP)
-    return JobListPage(jobs=jobs_by_ids(ids[:per_page]), number=number, per_page=per_page, count=count,
-                       count_capped=capped, has_next=len(ids) > per_page, tags=tags_of(ids[:per_page]))
+    shown = ids[:per_page]
+    return JobListPage(jobs=jobs_by_ids(shown), number=number, per_page=per_page, count=count,
+                       count_capped=capped, has_next=len(ids) > per_page, tags=tags_of(shown))
 
 
 def _ids_by_run_time(jobs, *, descending: bool, offset: int, count: int, now: datetime | None = None) -> list[int]:

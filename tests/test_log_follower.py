@@ -45,6 +45,21 @@ def test_it_reads_timestamps_to_the_nanosecond():
     assert parse_log_timestamp(b"not a timestamp") == (0, b"not a timestamp")
 
 
+def test_entries_within_one_second_read_in_place_match_the_full_parse():
+    # The parser reads an entry in the second of the one before it without
+    # parse_log_timestamp: the same result for seconds that come back, odd
+    # fractions, a frame too short for a timestamp and one with none.
+    texts = [b"2026-11-24T08:01:48.000000001Z a\n", b"2026-11-24T08:01:48.999999999Z b\n",
+             b"2026-11-24T08:01:49.000000000Z c\n", b"2026-11-24T08:01:48.5Z d\n",
+             b"2026-11-24T08:01:49.123456789Z e\n", b"2026-11-24T08:01:49.12345678xZ f\n",
+             b"short\n", b"2026-11-24T08:01:49.000000007Z ", b"2027-01-01T00:00:00.000000000Z g\n",
+             b"2026-11-24T08:01:49.000000008Z h\n"]
+    parser = LogResponseParser()
+    got = parser.feed(b"HTTP/1.0 200 OK\r\n\r\n" + b"".join(frame(1 + i % 2, t) for i, t in enumerate(texts)))
+    assert got == [(1 + i % 2, *parse_log_timestamp(t)) for i, t in enumerate(texts)]
+    assert got[0][1] == 1795507308_000000001 and got[-1][1] == 1795507309_000000008
+
+
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, 10_000])
 def test_it_parses_a_chunked_response_split_at_every_byte(chunk_size):
     raw = HEAD + chunked(BODY, chunk_size)

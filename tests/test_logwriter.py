@@ -101,6 +101,23 @@ def test_it_writes_lines_and_notes_of_one_task_apart(attempt, writer):
     assert (cursor.next_seq, cursor.last_ts_ns, cursor.count_at_ts) == (3, 11, 1)
 
 
+def test_it_counts_a_lines_bytes_as_utf_8_toward_the_limit(attempt):
+    # "héllo" is 6 bytes and "日本" 6, each with its newline 7: 3 + 7 + 7 = 17
+    # bytes fit a limit of 17, and the next line is over it.
+    one = LogWriter(flush_seconds=0.05, max_bytes=17)
+    one.start()
+    try:
+        one.open(attempt.pk, Stream.STDOUT)
+        one.add(attempt.pk, Stream.STDOUT, ["ok", "héllo", "日本", "x"], (10, 1))
+        assert one.barrier()
+    finally:
+        one.stop()
+    texts = [text for _seq, text in stored(attempt, Stream.STDOUT)]
+    assert texts[:3] == ["ok", "héllo", "日本"]
+    assert len(texts) == 4 and texts[3].startswith("[log truncated")
+    assert LogCursor.objects.get(attempt=attempt, stream=Stream.STDOUT).bytes_stored == 17
+
+
 def test_it_counts_output_as_activity_but_not_notes(attempt, writer):
     one = writer()
     one.note(attempt.pk, "pulling image")

@@ -377,7 +377,9 @@ class LogWriter:
 
     def _add_lines(self, state: _StreamState, batch: _Batch, rows: list[_Row], job: _JobRoom | None) -> None:
         for line in batch.lines:
-            size = len(line.encode("utf-8")) + 1
+            # Bytes as stored, newline included; an ASCII line (isascii() is a
+            # flag lookup) without encoding a copy of it.
+            size = (len(line) if line.isascii() else len(line.encode("utf-8"))) + 1
             marker = None
             if state.bytes_stored + size > self._max_bytes:
                 marker = (f"[log truncated: this stream passed the {self._max_bytes / MB:g} MB limit per task "

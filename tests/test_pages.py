@@ -64,7 +64,11 @@ def task_attempt(job: Job, **fields) -> TaskAttempt:
 
 
 def row_names(response) -> list[str]:
-    return re.findall(r'<td class="name"><a href="/jobs/\d+/">([^<]+)</a>', response.content.decode())
+    return row_names_of(response.content.decode())
+
+
+def row_names_of(html: str) -> list[str]:
+    return re.findall(r'<td class="name"><a href="/jobs/\d+/">([^<]+)</a>', html)
 
 
 # ------------------------------------------------------------------ the list
@@ -138,6 +142,21 @@ def test_it_pages_fifty_at_a_time_keeping_the_filters(alice):
     third = client.get("/", {"q": "bulk", "page": 3})
     assert row_names(third) == [f"bulk_{i:03d}" for i in range(100, 120)]
     assert "This page is past the last job" in client.get("/", {"q": "bulk", "page": 9}).content.decode()
+
+
+def test_it_escapes_a_jobs_tags_in_the_list_and_its_live_rows(alice):
+    from jobs.services import tags
+
+    job = ended_job(alice, "escaped_tags")
+    tags.job_tag_add(job=job, value='<b>x</b> & "y"')
+    client = client_for(alice)
+    for path in ("/", "/jobs/rows/"):
+        html = client.get(path, {"q": "escaped_tags"}).content.decode()
+        assert row_names_of(html) == ["escaped_tags"]
+        assert "<b>x</b>" not in html
+        # The tag's text and title, and its link: the URL's "&" escaped too.
+        assert html.count("&lt;b&gt;x&lt;/b&gt; &amp; &quot;y&quot;") >= 2
+        assert 'href="?q=escaped_tags&amp;tag=%3Cb%3Ex%3C%2Fb%3E+%26+%22y%22"' in html
 
 
 def test_it_serves_the_rows_alone_for_live_updates(alice):

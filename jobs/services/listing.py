@@ -19,7 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 from django.http import QueryDict
 
-from jobs.models import Job, JobTag, State, User, VirtualCluster
+from jobs.models import FINAL_STATES, Job, JobTag, State, User, VirtualCluster
 
 PER_PAGE = 50
 COUNT_CAP = 10_000
@@ -219,9 +219,52 @@ def _order(field: str, descending: bool):
     return f"-{field}" if descending else field
 
 
+_STATE_LABELS = dict(State.choices)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """What a row of the job list shows of a job."""
+
+    pk: int
+    name: str
+    state: str
+    submitted_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt_number: int
+    total_tasks: int
+    total_gpus: int
+    owner_username: str
+    vc_name: str
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def retries(self) -> int:
+        return self.attempt_number - 1
+
+    def get_state_display(self) -> str:
+        return _STATE_LABELS.get(self.state, self.state)
+
+
+_ROW_FIELDS = ("pk", "name", "state", "submitted_at", "started_at", "finished_at", "attempt_number", "total_tasks",
+               "total_gpus", "owner__username", "virtual_cluster__name")
+
+
+def rows_by_ids(ids: list[int]) -> list[JobRow]:
+    """The list's rows for a page of ids, in the ids' order: read as values
+    (a Job with its owner and virtual cluster as model objects, as
+    jobs_by_ids gives the API, took three times as long for a page)."""
+    found = {values[0]: JobRow(*values) for values in Job.objects.filter(pk__in=ids).values_list(*_ROW_FIELDS)}
+    return [found[i] for i in ids if i in found]
+
+
 @dataclass(frozen=True)
 class JobListPage:
-    jobs: list[Job]
+    jobs: list[JobRow]
     number: int
     per_page: int
     count: int  # exact up to COUNT_CAP
@@ -300,7 +343,7 @@ def job_list_page(filters: JobFilters, *, viewer: User, number: int = 1, per_pag
         capped = count > COUNT_CAP
         count = min(count, COUNT_CAP)
     shown = ids[:per_page]
-    return JobListPage(jobs=jobs_by_ids(shown), number=number, per_page=per_page, count=count,
+    return JobListPage(jobs=rows_by_ids(shown), number=number, per_page=per_page, count=count,
                        count_capped=capped, has_next=len(ids) > per_page, tags=tags_of(shown))
 
 

@@ -94,15 +94,21 @@ def test_pages_sorted_by_duration_follow_the_sorted_list(alice, jobs_by_duration
     assert [page.has_next for page in pages] == [True, True, False]
 
 
-def test_the_search_box_matches_names_case_blind_and_literally_and_ids(alice, bob, jobs_by_duration):
-    # PostgreSQL filters names directly (its trigram index), SQLite through
-    # the (owner, name) index: the same jobs either way.
+@pytest.mark.parametrize("whose", ["own", "everyone's"])
+def test_the_search_box_matches_names_case_blind_and_literally_and_ids(make_user, alice, bob, jobs_by_duration,
+                                                                       whose):
+    # PostgreSQL filters names directly (its trigram index); SQLite reads a
+    # user's own list from the (owner, name) index and everyone's from the
+    # names' trigram index (from three characters on): the same jobs each way.
     vc = VirtualCluster.objects.get(name=VirtualCluster.DEFAULT)
     for owner, name in ((alice, "Sweep_A"), (alice, "sweepXa"), (bob, "sweep_a")):
         Job.objects.create(owner=owner, name=name, virtual_cluster=vc, state=State.SUCCEEDED, config_raw="{}", config={})
+    admin = make_user("admin", admin=True)
 
     def found(q: str) -> list[str]:
-        return sorted(_names_matching(q, alice))
+        if whose == "own":
+            return sorted(_names_matching(q, alice))
+        return sorted(_names_matching(q, admin, user=listing.ALL_USERS, of=alice))
 
     assert found("SWEEP") == ["Sweep_A", "sweepXa"]
     assert found("p_a") == ["Sweep_A"]  # "_" is a character here, not LIKE's wildcard
@@ -114,7 +120,7 @@ def test_the_search_box_matches_names_case_blind_and_literally_and_ids(alice, bo
     assert found(f"#{running.pk}") == found(str(running.pk)) == ["running"]
 
 
-def test_the_search_follows_jobs_stored_renamed_and_deleted(alice):
+def test_the_search_follows_jobs_stored_renamed_and_deleted(make_user, alice):
     # On SQLite the search reads a trigram index that triggers keep
     # (migration 0015); a migration that rebuilds jobs_job drops them, and
     # then new names are not found.
@@ -128,8 +134,10 @@ def test_the_search_follows_jobs_stored_renamed_and_deleted(alice):
     renamed, gone = job("haystack_old"), job("needle_gone")
     Job.objects.filter(pk=renamed.pk).update(name="needle_renamed")
     gone.delete()
-    assert sorted(_names_matching("NEEDLE", alice)) == ["needle_kept", "needle_renamed"]
-    assert _names_matching("haystack", alice) == []
+    admin = make_user("admin", admin=True)
+    everyones = {"user": listing.ALL_USERS, "of": alice}  # the list that reads the trigram index
+    assert sorted(_names_matching("NEEDLE", admin, **everyones)) == ["needle_kept", "needle_renamed"]
+    assert _names_matching("haystack", admin, **everyones) == []
     if connection.vendor == "sqlite":
         # FTS5's own check of the index against the jobs table, row by row.
         with connection.cursor() as cursor:
@@ -148,6 +156,10 @@ def test_an_admins_search_looks_in_the_user_chosen_or_in_everyones_jobs(make_use
     assert {"probe_one", "Probe_two", "probe_three"} <= set(everyone)
 
 
-def _names_matching(q: str, viewer, **filters) -> list[str]:
+def _names_matching(q: str, viewer, of=None, **filters) -> list[str]:
+    """The names the list shows for a search; `of`: only that user's among
+    them (everyone's list holds other tests' jobs too)."""
     jobs = listing.filtered_jobs(listing.JobFilters(q=q, **filters), viewer=viewer)
+    if of is not None:
+        jobs = jobs.filter(owner=of)
     return list(jobs.values_list("name", flat=True))

@@ -193,9 +193,12 @@ def _searched(jobs, owner: Q, q: str):
     """`jobs` whose name holds `q`, case-blind and literally ("_" and "%" are
     characters), or whose id it is ("#123" or "123")."""
     vendor = connections[jobs.db].vendor
-    indexed = vendor == "sqlite" and len(q) >= 3
-    # On SQLite from three characters on, the names' trigram index (migration
-    # 0015) finds the matching jobs without reading any name.
+    # On SQLite, everyone's jobs are searched through the names' trigram index
+    # (migration 0015) from three characters on: it finds the matches without
+    # reading any name. One user's are not: the index gives every user's
+    # matches (a common word: thousands, to look up one by one), where their
+    # own entries of the (owner, name) index are as many as their jobs.
+    indexed = vendor == "sqlite" and len(q) >= 3 and not owner
     match = Q(pk__in=RawSQL(SQLITE_NAME_SEARCH, [_fts_phrase(q)])) if indexed else Q(name__icontains=q)
     if q.lstrip("#").isdigit():
         match |= Q(pk=int(q.lstrip("#")))

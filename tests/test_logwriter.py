@@ -118,6 +118,29 @@ def test_it_counts_a_lines_bytes_as_utf_8_toward_the_limit(attempt):
     assert LogCursor.objects.get(attempt=attempt, stream=Stream.STDOUT).bytes_stored == 17
 
 
+@pytest.mark.parametrize("limit", ["stream", "job bytes", "job lines"])
+def test_a_batch_that_fits_is_stored_whole_and_the_next_one_up_to_the_limit(attempt, limit):
+    # 4 + 5 bytes fit a limit of 10 (one step for the whole batch); of the
+    # next batch "h" (2 bytes) does not, nor a third line for a job allowed 2.
+    limits = {"stream": {"max_bytes": 10}, "job bytes": {"max_job_bytes": 10},
+              "job lines": {"max_job_rows": 2}}[limit]
+    one = LogWriter(flush_seconds=0.05, **limits)
+    one.start()
+    try:
+        one.open(attempt.pk, Stream.STDOUT)
+        one.add(attempt.pk, Stream.STDOUT, ["abc", "defg"], (10, 1))
+        assert one.barrier()
+        one.add(attempt.pk, Stream.STDOUT, ["h", "i"], (11, 1))
+        assert one.barrier()
+    finally:
+        one.stop()
+    got = stored(attempt, Stream.STDOUT)
+    assert [seq for seq, _text in got] == [0, 1, 2]
+    assert [text for _seq, text in got][:2] == ["abc", "defg"] and got[2][1].startswith("[log truncated")
+    cursor = LogCursor.objects.get(attempt=attempt, stream=Stream.STDOUT)
+    assert (cursor.next_seq, cursor.bytes_stored, cursor.truncated) == (3, 9, True)
+
+
 def test_it_counts_output_as_activity_but_not_notes(attempt, writer):
     one = writer()
     one.note(attempt.pk, "pulling image")

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import services
@@ -421,9 +421,16 @@ def test_a_pass_run_by_a_nodes_agent_hands_that_nodes_launches_over_and_queues_t
         memory_mb=16000, gpus=node.gpus, gpus_simulated=True, port_start=40000, port_end=40099,
         last_heartbeat=timezone.now() + timedelta(hours=1), agent_pid=os.getpid())
     try:
-        job = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", role(tasks=2, gpuNumber=8), gpuType=node.gpus[0]["type"]))
         taken: list[int] = []
-        services.schedule_pass(here=services.LaunchHere(node_name=node.name, launch=taken.append))
+        # The submission and the pass in one transaction: the pass that the
+        # submission asks for (run by a test cluster's agent, when one is up)
+        # sees the job only once this one has placed it, and finds nothing to
+        # do. The launches go out when it commits.
+        with transaction.atomic():
+            job = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", role(tasks=2, gpuNumber=8),
+                                       gpuType=node.gpus[0]["type"]))
+            services.schedule_pass(here=services.LaunchHere(node_name=node.name, launch=taken.append))
+            assert taken == []  # not before the placements are committed
         job.refresh_from_db()
         assert job.state == State.RUNNING, job.waiting_reason
         placed = dict(TaskAttempt.objects.filter(job=job).values_list("node__name", "pk"))

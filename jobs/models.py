@@ -226,7 +226,24 @@ class ExitType(models.TextChoices):
     PLATFORM = "PLATFORM", "platform error"
 
 
-class Job(models.Model):
+class JobFacts:
+    """What a job's state and attempt number say: for the Job model and for
+    the job list's rows (listing.JobRow), which read only those values."""
+
+    __slots__ = ()  # the rows keep theirs
+    state: str
+    attempt_number: int
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def retries(self) -> int:
+        return self.attempt_number - 1
+
+
+class Job(JobFacts, models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=128)
     virtual_cluster = models.ForeignKey(VirtualCluster, on_delete=models.PROTECT, related_name="jobs")
@@ -284,14 +301,6 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.owner.username}~{self.name}"
-
-    @property
-    def is_final(self) -> bool:
-        return self.state in FINAL_STATES
-
-    @property
-    def retries(self) -> int:
-        return self.attempt_number - 1
 
     @property
     def spec(self) -> JobSpec:

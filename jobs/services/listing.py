@@ -19,7 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 from django.http import QueryDict
 
-from jobs.models import FINAL_STATES, Job, JobTag, State, User, VirtualCluster
+from jobs.models import Job, JobFacts, JobTag, State, User, VirtualCluster
 
 PER_PAGE = 50
 COUNT_CAP = 10_000
@@ -226,7 +226,7 @@ _STATE_LABELS = dict(State.choices)
 
 
 @dataclass(frozen=True, slots=True)
-class JobRow:
+class JobRow(JobFacts):
     """What a row of the job list shows of a job."""
 
     pk: int
@@ -240,14 +240,6 @@ class JobRow:
     total_gpus: int
     owner_username: str
     vc_name: str
-
-    @property
-    def is_final(self) -> bool:
-        return self.state in FINAL_STATES
-
-    @property
-    def retries(self) -> int:
-        return self.attempt_number - 1
 
     def get_state_display(self) -> str:
         return _STATE_LABELS.get(self.state, self.state)

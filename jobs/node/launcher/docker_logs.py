@@ -163,15 +163,15 @@ class LogResponseParser:
             # Most entries: the daemon's fixed "2026-11-24T08:01:48.636123811Z "
             # within the second of the one before, read in place (slicing out
             # the frame and its parts first was most of the parsing).
-            if (length >= 31 and frames.startswith(second_text, body) and frames[body + 19] == 46
-                    and frames.startswith(b"Z ", body + 29)):
+            fixed = length >= 31 and frames[body + 19] == 46 and frames.startswith(b"Z ", body + 29)
+            if fixed and frames.startswith(second_text, body):
                 fraction = frames[body + 20:body + 29]
                 if fraction.isdigit():
                     append((stream, second_ns + int(fraction), frames[body + 31:end]))
                     continue
             ts_ns, payload = parse_log_timestamp(frames[body:end])
             append((stream, ts_ns, payload))
-            if ts_ns and length >= 31 and frames[body + 19] == 46 and frames.startswith(b"Z ", body + 29):
+            if fixed and ts_ns:
                 second_text, second_ns = frames[body:body + 19], ts_ns - ts_ns % 1_000_000_000
         self._second = (second_text, second_ns)
         if start:

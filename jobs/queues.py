@@ -64,18 +64,41 @@ def _last_pass_key() -> str:
     return f"{_prefix()}:last-pass-started"
 
 
-def wait_for_pass_slot(min_gap: float) -> None:
-    """Start passes at most every `min_gap` seconds. Under a burst of
+# Under a burst, passes may keep the agent that runs them busy for at most
+# about this share of its time: a pass over a long queue costs more, so the
+# next one waits longer (up to the max gap). With 1,000 waiting jobs a pass
+# took ~20 ms, and ten a second took a fifth of a core that the web workers
+# storing the burst needed (bench/api_submit_rate.py).
+PASS_BUSY_SHARE = 0.1
+
+
+def _last_pass_seconds_key() -> str:
+    return f"{_prefix()}:last-pass-seconds"
+
+
+def pass_gap(last_seconds: float | None, *, min_gap: float, max_gap: float) -> float:
+    """Seconds from one pass's start to the next's, given how long the last
+    pass took: `min_gap` for a short pass, longer for a long one (so that
+    passes keep their agent busy for at most PASS_BUSY_SHARE of the time),
+    never more than `max_gap`."""
+    if last_seconds is None:
+        return min_gap
+    return max(min_gap, min(max_gap, last_seconds / PASS_BUSY_SHARE))
+
+
+def wait_for_pass_slot(min_gap: float, max_gap: float) -> None:
+    """Start passes at most every `pass_gap(...)` seconds. Under a burst of
     submissions, back-to-back passes would keep a core busy re-reading the
     queue; waiting here lets the requests that arrive meanwhile share the
     next pass (the request flag stays set until the pass starts). An idle
     cluster never waits: its last pass is long past."""
     redis = connection()
-    last = redis.get(_last_pass_key())
+    last, seconds = redis.mget(_last_pass_key(), _last_pass_seconds_key())
     if last is not None:
-        delay = float(last) + min_gap - time.time()
+        gap = pass_gap(None if seconds is None else float(seconds), min_gap=min_gap, max_gap=max(min_gap, max_gap))
+        delay = float(last) + gap - time.time()
         if delay > 0:
-            time.sleep(min(delay, min_gap))
+            time.sleep(min(delay, gap))
     redis.set(_last_pass_key(), repr(time.time()), ex=60)
 
 
@@ -213,6 +236,7 @@ def record_pass_duration(seconds: float) -> None:
     pipe.hincrby(_pass_histogram_key(), bucket, 1)
     pipe.hincrby(_pass_histogram_key(), "count", 1)
     pipe.hincrbyfloat(_pass_histogram_key(), "sum", seconds)
+    pipe.set(_last_pass_seconds_key(), repr(seconds), ex=60)  # the next pass's gap (wait_for_pass_slot)
     pipe.execute()
 
 

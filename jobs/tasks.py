@@ -11,7 +11,7 @@ from jobs.services import notifications
 
 
 def schedule() -> int:
-    queues.wait_for_pass_slot(settings.SCHEDULER_MIN_PASS_GAP)
+    queues.wait_for_pass_slot(settings.SCHEDULER_MIN_PASS_GAP, settings.SCHEDULER_MAX_PASS_GAP)
     return services.schedule_pass(here=agent.launch_here())
 
 

@@ -247,6 +247,8 @@ SCHEDULE_REPAIR_SECONDS = env_float("SCHEDULE_REPAIR_SECONDS", 5.0, minimum=0.5)
 SCHEDULER_MAX_OVERTAKES = env_int("SCHEDULER_MAX_OVERTAKES", 3, minimum=0)
 # Scheduling passes start at most this often (seconds); see jobs/queues.py.
 SCHEDULER_MIN_PASS_GAP = env_float("SCHEDULER_MIN_PASS_GAP", 0.1, minimum=0.0)
+# ... and, after a long pass, at most this long after it started (jobs/queues.py).
+SCHEDULER_MAX_PASS_GAP = env_float("SCHEDULER_MAX_PASS_GAP", 1.0, minimum=0.0)
 STOP_GRACE_SECONDS = env_int("STOP_GRACE_SECONDS", 10, minimum=0)
 LOG_MAX_BYTES_PER_TASK = env_int("LOG_MAX_BYTES_PER_TASK", 50 * 1024 * 1024, minimum=1024)
 LOG_MAX_BYTES_PER_JOB = env_int("LOG_MAX_BYTES_PER_JOB", 200 * 1024 * 1024, minimum=1024)

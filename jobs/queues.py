@@ -64,11 +64,14 @@ def _last_pass_key() -> str:
     return f"{_prefix()}:last-pass-started"
 
 
-# Under a burst, passes may keep the agent that runs them busy for at most
-# about this share of its time: a pass over a long queue costs more, so the
-# next one waits longer (up to the max gap). With 1,000 waiting jobs a pass
-# took ~20 ms, and ten a second took a fifth of a core that the web workers
-# storing the burst needed (bench/api_submit_rate.py).
+# Under a burst of submissions that cannot start (the cluster is full, or
+# their virtual cluster is), passes may keep the agent that runs them busy
+# for at most about this share of its time: a pass over a long queue costs
+# more, so the next one waits longer (up to the max gap). With 1,000 waiting
+# jobs a pass took ~20 ms, and ten a second took a fifth of a core that the
+# web workers storing the burst needed (bench/api_submit_rate.py). After a
+# pass that started tasks the next waits only the minimum gap: the cluster
+# is moving, and a freed place must not stay idle (bench/e2e_throughput.py).
 PASS_BUSY_SHARE = 0.1
 
 
@@ -78,9 +81,9 @@ def _last_pass_seconds_key() -> str:
 
 def pass_gap(last_seconds: float | None, *, min_gap: float, max_gap: float) -> float:
     """Seconds from one pass's start to the next's, given how long the last
-    pass took: `min_gap` for a short pass, longer for a long one (so that
-    passes keep their agent busy for at most PASS_BUSY_SHARE of the time),
-    never more than `max_gap`."""
+    pass took if it started nothing (0 if it started tasks): `min_gap` for a
+    short pass, longer for a long one (so that passes keep their agent busy
+    for at most PASS_BUSY_SHARE of the time), never more than `max_gap`."""
     if last_seconds is None:
         return min_gap
     return max(min_gap, min(max_gap, last_seconds / PASS_BUSY_SHARE))
@@ -230,13 +233,14 @@ def _pass_histogram_key() -> str:
     return f"{_prefix()}:metrics:schedule-pass-seconds"
 
 
-def record_pass_duration(seconds: float) -> None:
+def record_pass_duration(seconds: float, *, started_tasks: bool = False) -> None:
     bucket = next((f"{bound:g}" for bound in PASS_BUCKETS if seconds <= bound), "+Inf")
     pipe = connection().pipeline(transaction=True)
     pipe.hincrby(_pass_histogram_key(), bucket, 1)
     pipe.hincrby(_pass_histogram_key(), "count", 1)
     pipe.hincrbyfloat(_pass_histogram_key(), "sum", seconds)
-    pipe.set(_last_pass_seconds_key(), repr(seconds), ex=60)  # the next pass's gap (wait_for_pass_slot)
+    # The next pass's gap (wait_for_pass_slot): paced only after a pass that started nothing.
+    pipe.set(_last_pass_seconds_key(), repr(0.0 if started_tasks else seconds), ex=60)
     pipe.execute()
 
 

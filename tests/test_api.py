@@ -380,8 +380,9 @@ def test_it_keeps_other_peoples_jobs_out_of_sight(cluster, alice, bob, admin_use
     assert [j["name"] for j in expect(admin.get("/jobs", params={"username": alice.username}), 200)] == ["secret"]
     assert expect(admin.get(f"/user/{alice.username}/jobs"), 200)[0]["name"] == "secret"
     assert expect(admin.get(job + "/config"), 200)["jobName"] == "secret"
-    ssh = expect(admin.get(job + "/ssh"), 200)
-    assert ssh["keyPair"]["privateKeyDirectDownloadLink"] is None  # the key is the owner's alone
+    # A waiting job has no key pair yet: it gets one when its first task launches.
+    assert expect(admin.get(job + "/ssh"), 404, "NoJobSshInfoError")["message"] == (
+        "SSH info of job secret is not found: the job has not started yet.")
     expect(admin.get(job + "/ssh/key"), 404, "NoJobError")
     expect(admin.put(job + "/executionType", {"value": "STOP"}), 202)
     stopped = expect(admin.get(job), 200)["jobStatus"]
@@ -407,12 +408,18 @@ def test_it_stops_a_running_job_and_deletes_it_only_when_finished(cluster, alice
     expect(api.post(f"/user/{alice.username}/jobs", config("sleeper", role(command="true"))), 202)  # name is free
 
 
-def test_it_gives_ssh_details_and_the_key_to_the_owner_only(cluster, alice, bob, tmp_path, api):
+def test_it_gives_ssh_details_and_the_key_to_the_owner_only(cluster, alice, bob, admin_user, tmp_path, api):
     expect(api.post(f"/user/{alice.username}/jobs", config("sshjob", role(command="sleep 300"), image=DEBIAN_IMAGE)), 202)
     job = Job.objects.get(owner=alice, name="sshjob")
     wait_for(lambda: TaskAttempt.objects.filter(job=job, ssh_available=True).exists(), timeout=90, what="sshd")
+    job.refresh_from_db()  # its key pair was made as its task launched
     info = expect(api.get(f"/user/{alice.username}/jobs/sshjob/ssh"), 200)
     attempt = TaskAttempt.objects.get(job=job)
+    admin = login(cluster.base_url, admin_user)
+    seen_by_admin = expect(admin.get(f"/user/{alice.username}/jobs/sshjob/ssh"), 200)
+    assert seen_by_admin["keyPair"]["privateKeyDirectDownloadLink"] is None  # the key is the owner's alone
+    assert seen_by_admin["keyPair"]["publicKey"] == job.ssh_public_key
+    expect(admin.get(f"/user/{alice.username}/jobs/sshjob/ssh/key"), 404, "NoJobError")
     assert info["containers"] == [{"id": attempt.container_id, "sshIp": "127.0.0.2",
                                    "sshPort": str(attempt.ports["ssh"][0]), "taskRole": "main", "taskIndex": 0}]
     link = info["keyPair"]["privateKeyDirectDownloadLink"]

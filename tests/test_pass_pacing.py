@@ -1,6 +1,7 @@
 """Scheduling passes under a burst: at most every SCHEDULER_MIN_PASS_GAP
-seconds, and after a long pass (a long queue) ten times as long as it
-took, at most SCHEDULER_MAX_PASS_GAP (jobs/queues.py). Against the tests'
+seconds, and after a long pass that started nothing (a long queue that
+cannot start) ten times as long as it took, at most SCHEDULER_MAX_PASS_GAP
+(jobs/queues.py). Against the tests'
 real Redis, each test under an instance name of its own."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import uuid
 
 import pytest
 
-from jobs import queues
+from jobs import queues, services
 
 pytestmark = pytest.mark.services
 
@@ -68,3 +69,15 @@ def test_a_pass_long_after_the_last_one_does_not_wait(own_instance, sleeps):
     queues.connection().set(f"{own_instance}:last-pass-started", repr(time.time() - 2), ex=60)
     queues.wait_for_pass_slot(0.1, 1.0)
     assert sleeps == []
+
+
+def test_a_pass_right_after_a_long_one_that_started_tasks_waits_only_the_minimum_gap(own_instance, sleeps):
+    queues.wait_for_pass_slot(0.1, 1.0)
+    queues.record_pass_duration(0.04, started_tasks=True)  # the cluster moves: a freed place must not wait
+    queues.wait_for_pass_slot(0.1, 1.0)
+    assert len(sleeps) == 1 and 0.05 < sleeps[0] <= 0.1
+
+
+def test_a_real_pass_that_starts_nothing_is_what_paces_the_next(own_instance):
+    services.schedule_pass()  # nothing waits: it starts nothing
+    assert float(queues.connection().get(f"{own_instance}:last-pass-seconds")) > 0

@@ -30,6 +30,7 @@ from jobs.node import launcher
 from jobs.node.context import NodeContext
 from jobs.node.images import ImageGate, PrivateImages
 from jobs.node.staging import CodeStager, owner_reader, stage_folder
+from jobs.services.access import ensure_job_key_pair
 from jobs.spec import JobSpec
 from jobs.spec.v2 import plugin_ssh_keys
 from jobs.spec.v2_text import resolve_secrets
@@ -277,6 +278,7 @@ class Runner:
 
     def _launch(self, attempt_id: int, timing: LaunchTiming) -> str:
         ctx = load_context(attempt_id)
+        ensure_job_key_pair(ctx.job)  # before the task's authorized keys and peer key are written
         node = self.context.node
         # A role's own image is protocol v2's, which has no authFile.
         image, _auth = ctx.spec.role_image(ctx.me.role)

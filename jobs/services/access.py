@@ -133,6 +133,25 @@ def ssh_key_file_name(job: Job) -> str:
     return f"{job.name}.key"
 
 
+def ensure_job_key_pair(job: Job) -> None:
+    """Give `job` its SSH key pair if it has none yet, and set it on `job`.
+
+    A job gets its pair when its first task launches, not when it is
+    submitted: only a job that runs needs one (its tasks' authorized key and
+    their peer key), so a job stopped while it waits never held a private
+    key, and submitting a job costs no key generation (bench/api_submit_rate.py).
+    The tasks of one job may launch at once on several nodes: the first
+    conditional UPDATE wins, and the others read the pair it stored."""
+    if job.ssh_public_key:
+        return
+    private_key, public_key = keys.new_key_pair(f"pai-job-{job.owner.username}-{job.name}")
+    sealed = keys.seal_private_key(private_key)
+    if Job.objects.filter(pk=job.pk, ssh_public_key="").update(ssh_private_key=sealed, ssh_public_key=public_key):
+        job.ssh_private_key, job.ssh_public_key = sealed, public_key
+    else:
+        job.refresh_from_db(fields=["ssh_private_key", "ssh_public_key"])
+
+
 def job_private_key(*, job: Job, user: User) -> str | None:
     """The job's SSH private key for its owner; None for anyone else, admins
     included (they may see and stop any job, not log in as its owner). The

@@ -599,11 +599,13 @@ def schedule_pass(*, here: LaunchHere | None = None) -> int:
     launches at once (_send_launches). Its duration goes to /metrics
     (queues.record_pass_duration)."""
     started = time.perf_counter()
+    placed = 0
     try:
         with _collector_paused():
-            return _schedule_pass(here)
+            placed = _schedule_pass(here)
+        return placed
     finally:
-        _record_duration(time.perf_counter() - started)
+        _record_duration(time.perf_counter() - started, started_tasks=placed > 0)
 
 
 @contextmanager
@@ -625,9 +627,9 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _record_duration(seconds: float) -> None:
+def _record_duration(seconds: float, *, started_tasks: bool) -> None:
     try:
-        queues.record_pass_duration(seconds)
+        queues.record_pass_duration(seconds, started_tasks=started_tasks)
     except Exception:  # Redis away: the pass itself went through
         log.warning("could not record the scheduling pass's duration", exc_info=True)
 

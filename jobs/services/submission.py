@@ -108,14 +108,12 @@ def _submit(owner: User, config: str | bytes | ParsedConfig, upload_outputs: boo
     _check_admission(spec)
     _check_storage(owner, spec)
     spec = _with_full_uris(spec, owner)
-    private_key, public_key = keys.new_key_pair(f"pai-job-{owner.username}-{spec.job_name}")
     job = Job(
         owner=owner, name=spec.job_name, virtual_cluster=vc, config_raw=parsed.raw,
         config=spec.to_config(), warnings=[w.as_dict() for w in parsed.warnings],
         retry_limit=spec.retry_count, total_tasks=spec.total_tasks, total_gpus=spec.total_gpus,
         total_roles=len(spec.task_roles), gpu_type=spec.gpu_type or "",
-        ssh_private_key=keys.seal_private_key(private_key), ssh_public_key=public_key,
-        secrets_sealed=keys.seal_secrets(parsed.secrets),
+        secrets_sealed=keys.seal_secrets(parsed.secrets),  # the SSH key pair comes at launch (ensure_job_key_pair)
         upload_outputs=_upload_outputs_wanted(spec, upload_outputs),
         waiting_reason="waiting for the scheduler",
     )

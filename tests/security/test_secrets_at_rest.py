@@ -28,6 +28,7 @@ from jobs import keys, storage
 from jobs.models import Job
 from jobs.node.staging import CodeStager
 from jobs.services import tokens
+from jobs.services.access import ensure_job_key_pair
 from jobs.storage.local import LocalBackend
 from tests.cluster import ROOT, free_port, process_env, wait_for
 from tests.helpers import config, role, submit
@@ -141,8 +142,24 @@ def _public_line(private_pem: str) -> str:
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 
 
+def test_a_job_gets_its_key_pair_at_its_first_launch_once_whoever_launches_it(alice):
+    job = submit(alice, config("waits", role(command="true")))
+    stored = Job.objects.filter(pk=job.pk).values_list("ssh_private_key", "ssh_public_key").get()
+    assert stored == ("", "")  # a waiting job holds no private key
+    first, second = Job.objects.get(pk=job.pk), Job.objects.get(pk=job.pk)  # two nodes launching two tasks
+    ensure_job_key_pair(first)
+    ensure_job_key_pair(second)  # read before the first stored its pair: takes that pair, makes none of its own
+    stored = Job.objects.filter(pk=job.pk).values_list("ssh_private_key", "ssh_public_key").get()
+    assert stored == (first.ssh_private_key, first.ssh_public_key) == (second.ssh_private_key, second.ssh_public_key)
+    assert first.ssh_public_key.startswith("ssh-ed25519 ") and first.ssh_public_key.endswith(f" pai-job-{alice.username}-waits")
+    assert first.ssh_public_key.startswith(_public_line(keys.open_private_key(first.ssh_private_key)))
+    ensure_job_key_pair(first)  # a retry's launch keeps the pair
+    assert Job.objects.filter(pk=job.pk).values_list("ssh_public_key", flat=True).get() == first.ssh_public_key
+
+
 def test_it_seals_job_private_keys_and_the_owner_still_downloads_a_working_key(alice, bob):
     job = submit(alice, config("sealed", role(command="true")))
+    ensure_job_key_pair(job)  # as its first task's launch does
     stored = Job.objects.filter(pk=job.pk).values_list("ssh_private_key", flat=True).get()
     assert stored.startswith(keys.SEALED_PREFIX)
     assert "PRIVATE KEY" not in stored and "-----BEGIN" not in stored

@@ -22,8 +22,8 @@ MAX_LINES = 5000
 @handler(Access.USER)
 def _ssh(request: HttpRequest, username: str, name: str) -> HttpResponse:
     job = find_job(request, username, name)
-    if not job.ssh_private_key:
-        raise ApiError("NoJobSshInfoError", f"SSH info of job {name} is not found.")
+    if not job.ssh_private_key:  # it gets its key pair when its first task launches
+        raise ApiError("NoJobSshInfoError", f"SSH info of job {name} is not found: the job has not started yet.")
     if job.is_final:
         raise ApiError("NoJobSshInfoError", f"SSH info of job {name} is not found: the job has ended, and SSH "
                                             "works only while its tasks run.")

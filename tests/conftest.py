@@ -91,6 +91,19 @@ def _database(django_db_blocker) -> Iterator[None]:
     yield
 
 
+@pytest.fixture
+def own_instance(redis_server, settings) -> Iterator[str]:
+    """A PAI_INSTANCE of the test's own: its queues, flags and pass timings
+    in the tests' Redis are apart from everyone else's, and removed after."""
+    from jobs import queues
+
+    settings.PAI_INSTANCE = f"pai-test-own-{uuid.uuid4().hex[:8]}"
+    yield settings.PAI_INSTANCE
+    redis = queues.connection()
+    for key in redis.keys(f"*{settings.PAI_INSTANCE}*"):
+        redis.delete(key)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> str:
     """A Redis of the test run's own, on a unix socket under var/test."""

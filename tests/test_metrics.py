@@ -65,16 +65,6 @@ def bearer(user) -> str:
 
 
 @pytest.fixture
-def own_instance(redis_server, settings):
-    """Queues and pass timings of this test's own (PAI_INSTANCE)."""
-    settings.PAI_INSTANCE = f"pai-test-metrics-{uuid.uuid4().hex[:8]}"
-    yield settings.PAI_INSTANCE
-    redis = queues.connection()
-    for key in redis.keys(f"*{settings.PAI_INSTANCE}*"):
-        redis.delete(key)
-
-
-@pytest.fixture
 def vc() -> VirtualCluster:
     return VirtualCluster.objects.create(name=f"metrics_{uuid.uuid4().hex[:8]}", capacity=0, open_to_all=True)
 

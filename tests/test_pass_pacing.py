@@ -1,28 +1,18 @@
 """Scheduling passes under a burst: at most every SCHEDULER_MIN_PASS_GAP
 seconds, and after a long pass that started nothing (a long queue that
 cannot start) ten times as long as it took, at most SCHEDULER_MAX_PASS_GAP
-(jobs/queues.py). Against the tests'
-real Redis, each test under an instance name of its own."""
+(jobs/queues.py). Against the tests' real Redis, each test under an
+instance name of its own."""
 
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
 from jobs import queues, services
 
 pytestmark = pytest.mark.services
-
-
-@pytest.fixture
-def own_instance(redis_server, settings):
-    settings.PAI_INSTANCE = f"pai-test-pacing-{uuid.uuid4().hex[:8]}"
-    yield settings.PAI_INSTANCE
-    redis = queues.connection()
-    for key in redis.keys(f"*{settings.PAI_INSTANCE}*"):
-        redis.delete(key)
 
 
 @pytest.fixture

@@ -448,13 +448,31 @@ def test_a_pass_run_by_a_nodes_agent_hands_that_nodes_launches_over_and_queues_t
 def test_a_pass_on_sqlite_reads_again_under_the_lock_only_after_another_connection_committed(alice, node, monkeypatch):
     """A pass looks first without the write lock; under the lock it reads the
     cluster again only if another connection committed since (PRAGMA
-    data_version), and then decides on what it read last."""
+    data_version), and then decides on what it read last.
+
+    The test's node stays unschedulable in the database throughout, so no
+    other process's pass (a test cluster's agents share the database, and
+    the submissions wake them) can place the test's jobs, which only this
+    node's GPU type fits. This pass's reads see the node ready while
+    `shown` says so: the look of the second pass sees it, as it would just
+    before another connection took it away."""
     if connection.vendor != "sqlite":
         pytest.skip("PostgreSQL's pass takes its lock first and reads once")
+    ready_row = next(row for row in scheduling._read().nodes if row[0] == node.pk)
+    Node.objects.filter(pk=node.pk).update(schedulable=False)
+    shown = [True]
     reads: list[int] = []
     versions: list[int] = []
     real_read, real_version, real_plan = scheduling._read, scheduling._data_version, scheduling._plan
-    monkeypatch.setattr(scheduling, "_read", lambda: reads.append(1) or real_read())
+
+    def read() -> scheduling._Inputs:
+        reads.append(1)
+        inputs = real_read()
+        if shown[0]:  # in the name order the pass reads nodes in
+            inputs.nodes = sorted([*inputs.nodes, ready_row], key=lambda row: row[1])
+        return inputs
+
+    monkeypatch.setattr(scheduling, "_read", read)
     monkeypatch.setattr(scheduling, "_data_version", lambda: versions.append(real_version()) or versions[-1])
     here = services.LaunchHere(node_name=node.name, launch=lambda attempt_id: None)
     gpus = role(gpuNumber=1)
@@ -466,15 +484,16 @@ def test_a_pass_on_sqlite_reads_again_under_the_lock_only_after_another_connecti
     # Other processes (a test cluster's agents) may commit meanwhile; only then is there a second read.
     assert len(versions) == 2 and len(reads) == (1 if versions[0] == versions[1] else 2)
 
-    # Another connection makes the node unschedulable between the look (which
-    # placed the job) and the lock: the pass must see it and place nothing.
+    # Another connection takes the node away between the look (which placed
+    # the job) and the lock: the pass must see it and place nothing.
     def plan_then_commit_elsewhere(inputs):
         plan = real_plan(inputs)
         if len(reads) == 1:
             def elsewhere() -> None:
-                Node.objects.filter(pk=node.pk).update(schedulable=False)
+                Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() + timedelta(hours=1))
                 connection.close()
 
+            shown[0] = False
             thread = threading.Thread(target=elsewhere)
             thread.start()
             thread.join()
@@ -484,13 +503,10 @@ def test_a_pass_on_sqlite_reads_again_under_the_lock_only_after_another_connecti
     versions.clear()
     monkeypatch.setattr(scheduling, "_plan", plan_then_commit_elsewhere)
     second = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", gpus, gpuType=node.gpus[0]["type"]))
-    try:
-        assert services.schedule_pass(here=here) == 0
-        assert versions[0] != versions[1] and len(reads) == 2
-        second.refresh_from_db()
-        assert second.state == State.WAITING
-    finally:
-        Node.objects.filter(pk=node.pk).update(schedulable=True)
+    assert services.schedule_pass(here=here) == 0
+    assert versions[0] != versions[1] and len(reads) == 2
+    second.refresh_from_db()
+    assert second.state == State.WAITING
 
 
 def test_a_stop_asked_while_a_task_starts_does_not_deadlock_with_recording_its_start(alice, node, monkeypatch):

@@ -98,7 +98,7 @@ def wait_for_pass_slot(min_gap: float, max_gap: float) -> None:
     redis = connection()
     last, seconds = redis.mget(_last_pass_key(), _last_pass_seconds_key())
     if last is not None:
-        gap = pass_gap(None if seconds is None else float(seconds), min_gap=min_gap, max_gap=max(min_gap, max_gap))
+        gap = pass_gap(None if seconds is None else float(seconds), min_gap=min_gap, max_gap=max_gap)
         delay = float(last) + gap - time.time()
         if delay > 0:
             time.sleep(min(delay, gap))

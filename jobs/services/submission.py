@@ -100,8 +100,8 @@ def _submit(owner: User, config: str | bytes | ParsedConfig, upload_outputs: boo
     spec = parsed.spec
     vc = virtual_cluster_for(owner, spec.virtual_cluster)
     # The waiting limit is checked first, so a refused job costs nothing (no
-    # key pair, no output folder), and again as the job is stored (a
-    # concurrent submission may take the last place meanwhile).
+    # output folder), and again as the job is stored (a concurrent
+    # submission may take the last place meanwhile).
     _check_waiting_limit(owner, vc)
     # A taken name is found by the unique constraint when the job is stored
     # (a query here could not close the race with a concurrent submission).

@@ -89,6 +89,7 @@ class NodeAgent:
         self.watchers = Watchers(self._make_watcher)
         self.context: NodeContext  # made once the node is registered
         self.runner: Runner
+        self._registered = False  # context and runner are made
         self._stopping = threading.Event()
         self._stop_asked = False
         self._worker: SimpleWorker | None = None
@@ -103,7 +104,6 @@ class NodeAgent:
     # ------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        global _current
         # From registration on, the scheduler places tasks here. A SIGTERM
         # before RQ's worker takes the signal over (in work()) would end us
         # without leaving the node (shutdown()), and tasks would go to a node
@@ -116,10 +116,25 @@ class NodeAgent:
                                         task_ports=range(self.info.port_start, self.info.port_end + 1))
         self._take_node_lock()
         self._protect_node()
+        try:
+            self._register_and_serve()
+        except BaseException:
+            # Registered but not serving: the scheduler would place tasks on
+            # a node whose agent is gone until it is declared lost, and our
+            # firewall rules would stay until another agent starts here.
+            try:
+                self.shutdown()
+            except Exception:
+                log.exception("could not undo the agent's start")
+            raise
+
+    def _register_and_serve(self) -> None:
+        global _current
         node = services.node_register(self.info)
         self.context = NodeContext(node=node, engine=self.engine, engine_cpus=self.engine_cpus, writer=self.writer,
                                    watchers=self.watchers, follower=self.follower)
         self.runner = Runner(self.context)
+        self._registered = True
         _current = self
         self.writer.start()
         self.follower.start()
@@ -150,19 +165,22 @@ class NodeAgent:
 
     def shutdown(self) -> None:
         """Stop our threads; containers keep running and are adopted on
-        restart, but no new task is placed here while we are away."""
+        restart, but no new task is placed here while we are away. Also
+        undoes a start that failed half-way (start())."""
         self._stopping.set()
         self.web_forward.stop()
-        self.runner.wait_for_launches(timeout=30)
+        if self._registered:
+            self.runner.wait_for_launches(timeout=30)
         self.follower.stop()
         self.writer.stop()
-        services.node_leave(self.node.pk, os.getpid())
+        if self._registered:
+            services.node_leave(self.node.pk, os.getpid())
         queues.connection().delete(self._lock_key)
         # Tasks left running are adopted by the next agent, which installs
         # its own rules before it drops ours: until then they stay.
         try:
             ours = self.engine.containers({launcher.LABEL_INSTANCE: settings.PAI_INSTANCE,
-                                           launcher.LABEL_NODE: self.node.name})
+                                           launcher.LABEL_NODE: self.info.name})
             if not any(container.running for container in ours):
                 self.engine.unprotect_node(self._token)
         except Exception:
@@ -318,6 +336,8 @@ class NodeAgent:
             if not tag or attached:
                 continue
             job_id, _, number = tag.partition("-")
+            if not (job_id.isdigit() and number.isdigit()):
+                continue  # not a label we wrote: leave the network alone
             live = JobAttempt.objects.filter(job_id=job_id, number=number, state=State.RUNNING).exists()
             if not live:
                 self.engine.remove_network(name)

@@ -75,7 +75,8 @@ class LogFollower:
         self._wake()
         for _ in self._helpers:
             self._work.put(None)
-        self._loop.join(timeout=5)
+        if self._loop.ident is not None:  # started (an agent's start may fail before)
+            self._loop.join(timeout=5)
 
     # ------------------------------------------------------------- interface
 

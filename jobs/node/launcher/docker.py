@@ -235,7 +235,10 @@ class DockerEngine:
         """(name, labels, attached containers) of our networks."""
         found = []
         for summary in self.api.networks(filters={"label": [f"{k}={v}" for k, v in labels.items()]}):
-            detail = self.api.inspect_network(summary["Id"])
+            try:
+                detail = self.api.inspect_network(summary["Id"])
+            except docker.errors.NotFound:
+                continue  # removed since listed: by a task's end, or another agent on this engine cleaning up
             found.append((detail["Name"], detail.get("Labels") or {}, len(detail.get("Containers") or {})))
         return found
 

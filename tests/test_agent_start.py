@@ -13,7 +13,6 @@ import uuid
 
 import docker
 import pytest
-from django.conf import settings
 
 from jobs import queues, services
 from jobs.models import Node
@@ -87,7 +86,7 @@ def test_an_agent_whose_start_fails_after_registering_leaves_the_node_and_remove
             agent.start()
         node = Node.objects.get(name=name)
         assert node.agent_pid is None  # left: no task is placed where no agent launches it
-        assert queues.connection().get(f"{settings.PAI_INSTANCE}:node-agent:{name}") is None
+        assert queues.connection().get(agent._lock_key) is None
         assert owner not in firewall.installed_owners()  # no task of ours runs: the rules went with us
         assert not agent.writer._thread.is_alive()
     finally:

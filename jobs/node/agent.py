@@ -46,6 +46,13 @@ log = logging.getLogger(__name__)
 _current: NodeAgent | None = None
 
 
+def _job_attempt_of(text: str) -> tuple[int, int] | None:
+    """(job id, attempt number) from "<job id>-<number>", as the runner
+    labels a job's network and names its stage folder; None for anything else."""
+    job_id, _, number = text.partition("-")
+    return (int(job_id), int(number)) if job_id.isdigit() and number.isdigit() else None
+
+
 def current() -> NodeAgent:
     """The agent of this process; RQ tasks for a node run only inside one."""
     if _current is None:
@@ -332,12 +339,10 @@ class NodeAgent:
 
     def _clean_networks(self) -> None:
         for name, labels, attached in self.engine.networks({launcher.LABEL_INSTANCE: settings.PAI_INSTANCE}):
-            tag = labels.get(launcher.LABEL_JOB_ATTEMPT)
-            if not tag or attached:
-                continue
-            job_id, _, number = tag.partition("-")
-            if not (job_id.isdigit() and number.isdigit()):
-                continue  # not a label we wrote: leave the network alone
+            attempt = _job_attempt_of(labels.get(launcher.LABEL_JOB_ATTEMPT, ""))
+            if attempt is None or attached:
+                continue  # not a job's network (or a label we did not write): leave it alone
+            job_id, number = attempt
             live = JobAttempt.objects.filter(job_id=job_id, number=number, state=State.RUNNING).exists()
             if not live:
                 self.engine.remove_network(name)
@@ -347,9 +352,10 @@ class NodeAgent:
         if not root.is_dir():
             return
         for folder in root.iterdir():
-            job_id, _, number = folder.name.removeprefix("job-").partition("-")
-            if not (job_id.isdigit() and number.isdigit()):
+            attempt = _job_attempt_of(folder.name.removeprefix("job-"))
+            if attempt is None:
                 continue
+            job_id, number = attempt
             busy = TaskAttempt.objects.filter(job_id=job_id, number=number, node_id=self.node.pk,
                                               state__in=ACTIVE_TASK_STATES).exists()
             if not busy:

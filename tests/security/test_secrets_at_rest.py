@@ -25,7 +25,7 @@ from django.db import connection
 from django.test import Client
 
 from jobs import keys, storage
-from jobs.models import Job
+from jobs.models import Job, VirtualCluster
 from jobs.node.staging import CodeStager
 from jobs.services import tokens
 from jobs.services.access import ensure_job_key_pair
@@ -142,8 +142,18 @@ def _public_line(private_pem: str) -> str:
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 
 
-def test_a_job_gets_its_key_pair_at_its_first_launch_once_whoever_launches_it(alice):
-    job = submit(alice, config("waits", role(command="true")))
+@pytest.fixture
+def held(alice) -> str:
+    """A virtual cluster of alice's with no share of the cluster: her jobs
+    there wait, so no node launches them (and makes their key pair) while a
+    test sets or reads their keys, whatever else the session has started."""
+    vc = VirtualCluster.objects.create(name=f"held_{alice.username}", capacity=0.0)
+    vc.users.add(alice)
+    return vc.name
+
+
+def test_a_job_gets_its_key_pair_at_its_first_launch_once_whoever_launches_it(alice, held):
+    job = submit(alice, config("waits", role(command="true"), virtualCluster=held))
     stored = Job.objects.filter(pk=job.pk).values_list("ssh_private_key", "ssh_public_key").get()
     assert stored == ("", "")  # a waiting job holds no private key
     first, second = Job.objects.get(pk=job.pk), Job.objects.get(pk=job.pk)  # two nodes launching two tasks
@@ -202,19 +212,21 @@ def test_it_opens_keys_sealed_before_a_rotation_and_plaintext_rows_from_before(s
     assert keys.open_private_key("") == ""
 
 
-def test_reseal_secrets_seals_plaintext_rows_and_rows_of_an_old_key(settings, alice):
+def test_reseal_secrets_seals_plaintext_rows_and_rows_of_an_old_key(settings, alice, held):
     """Rows stored before sealing stayed plain text, and a rotation left rows
     that open only with a fallback key: `manage.py reseal_secrets` seals
     them all under the current key, so the fallback can be dropped."""
     from django.core.management import CommandError, call_command
 
-    plain_pem, _ = keys.new_key_pair("plain")
-    old_pem, _ = keys.new_key_pair("old")
-    plain = submit(alice, config("plain-key", role(command="true")))
-    old = submit(alice, config("old-key", role(command="true")))
+    plain_pem, plain_public = keys.new_key_pair("plain")
+    old_pem, old_public = keys.new_key_pair("old")
+    plain = submit(alice, config("plain-key", role(command="true"), virtualCluster=held))
+    old = submit(alice, config("old-key", role(command="true"), virtualCluster=held))
     sealed_under_old = keys.seal_private_key(old_pem)
-    Job.objects.filter(pk=plain.pk).update(ssh_private_key=plain_pem, secrets_sealed='{"token": "s3"}')
-    Job.objects.filter(pk=old.pk).update(ssh_private_key=sealed_under_old)
+    # Whole pairs, as rows stored before sealing or before a rotation hold.
+    Job.objects.filter(pk=plain.pk).update(ssh_private_key=plain_pem, ssh_public_key=plain_public,
+                                           secrets_sealed='{"token": "s3"}')
+    Job.objects.filter(pk=old.pk).update(ssh_private_key=sealed_under_old, ssh_public_key=old_public)
     old_secret = settings.SECRET_KEY
     settings.SECRET_KEY = "the-rotated-secret-key-" + "z" * 50
     settings.SECRET_KEY_FALLBACKS = [old_secret]

@@ -11,7 +11,7 @@ from typing import Any
 import requests
 
 from jobs import services
-from jobs.models import Job, LogLine, Stream, TaskAttempt
+from jobs.models import Job, LogLine, Stream, TaskAttempt, VirtualCluster
 from tests.cluster import wait_for
 from tests.services import BUSYBOX_IMAGE, DEBIAN_IMAGE
 
@@ -20,6 +20,14 @@ EXAMPLES = Path(__file__).parent / "data" / "examples"
 
 def config(name: str, *roles: dict[str, Any], image: str = BUSYBOX_IMAGE, **top: Any) -> dict[str, Any]:
     return {"jobName": name, "image": image, "taskRoles": list(roles), **top}
+
+
+def hold_vc(name: str, *users) -> VirtualCluster:
+    """A virtual cluster with no share of the cluster: its jobs wait forever
+    (and block no one), for tests that need jobs that never start."""
+    vc = VirtualCluster.objects.create(name=name, capacity=0.0)
+    vc.users.add(*users)
+    return vc
 
 
 def role(name: str = "main", command: str = "echo hello", *, tasks: int = 1, cpus: int = 1, memory: int = 256,

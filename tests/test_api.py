@@ -22,7 +22,7 @@ from jobs.services import parse_for_user, ratelimit, tokens
 from jobs.services.scheduling import ready_nodes
 from jobs.spec import SpecError
 from tests.cluster import wait_for
-from tests.helpers import DEBIAN_IMAGE, config, csrf_token, role, wait_state
+from tests.helpers import DEBIAN_IMAGE, config, csrf_token, hold_vc, role, wait_state
 from tests.helpers import login as web_login
 
 pytestmark = pytest.mark.services
@@ -79,14 +79,6 @@ def login(base_url: str, user, *, prefix: str = API, expiration: int | None = No
     body = expect(Api(base_url, prefix=prefix).post("/token", params), 200)
     assert body["user"] == user.username and body["admin"] is user.is_admin
     return Api(base_url, body["token"], prefix=prefix)
-
-
-def hold_vc(name: str, *users) -> VirtualCluster:
-    """A virtual cluster with no share of the cluster: its jobs wait forever
-    (and block no one), for tests that need jobs that never start."""
-    vc = VirtualCluster.objects.create(name=name, capacity=0.0)
-    vc.users.add(*users)
-    return vc
 
 
 @pytest.fixture

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobs.models import User, VirtualCluster
+from jobs.models import User
 from jobs.services import ratelimit
 from tests.cluster import process_env
+from tests.helpers import hold_vc
 
 pytestmark = pytest.mark.services
 
@@ -109,8 +110,7 @@ def _fuzz(base_url: str, token: str, tmp_path: Path, env: dict[str, str], *, exa
 
 def test_fuzzing_the_api_finds_no_500_and_no_departure_from_its_description(cluster, make_user, tmp_path):
     user = make_user("fuzz")
-    vc = VirtualCluster.objects.create(name=f"hold_{user.username}", capacity=0.0)
-    vc.users.add(user)
+    vc = hold_vc(f"hold_{user.username}", user)
     token = _token(cluster.base_url, user)
     job = {"jobName": "fuzzjob", "image": "pai-local/busybox:latest", "virtualCluster": vc.name,
            "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,

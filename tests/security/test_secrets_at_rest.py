@@ -25,13 +25,13 @@ from django.db import connection
 from django.test import Client
 
 from jobs import keys, storage
-from jobs.models import Job, VirtualCluster
+from jobs.models import Job
 from jobs.node.staging import CodeStager
 from jobs.services import tokens
 from jobs.services.access import ensure_job_key_pair
 from jobs.storage.local import LocalBackend
 from tests.cluster import ROOT, free_port, process_env, wait_for
-from tests.helpers import config, role, submit
+from tests.helpers import config, hold_vc, role, submit
 from tests.settings import PORT_BASE, RUN_ID
 
 
@@ -144,12 +144,9 @@ def _public_line(private_pem: str) -> str:
 
 @pytest.fixture
 def held(alice) -> str:
-    """A virtual cluster of alice's with no share of the cluster: her jobs
-    there wait, so no node launches them (and makes their key pair) while a
-    test sets or reads their keys, whatever else the session has started."""
-    vc = VirtualCluster.objects.create(name=f"held_{alice.username}", capacity=0.0)
-    vc.users.add(alice)
-    return vc.name
+    """Where alice's jobs wait: no node of the session's cluster launches
+    them (and makes their key pair) while a test sets or reads their keys."""
+    return hold_vc(f"held_{alice.username}", alice).name
 
 
 def test_a_job_gets_its_key_pair_at_its_first_launch_once_whoever_launches_it(alice, held):

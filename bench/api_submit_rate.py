@@ -23,6 +23,13 @@ because a shared 2-core machine's speed drifts by a fifth from minute to
 minute. Prints each round, both medians and
 `submit_rate_ratio=<portal jobs/s / sbatch jobs/s>` (issue 18: at least 1.5).
 Installs slurm-wlm and munge when missing. Not part of the test suite.
+
+With --baseline REV, each round also runs the portal side of commit REV
+(`git archive`d under var/bench, with this interpreter and its packages),
+and prints `portal_vs_baseline=` before the final line: whether a change
+made submissions slower, measured in the same minutes. Slurm's rate moves
+with the machine far more than the portal's (109 to 410 jobs/s on this
+machine's different days), so the ratio alone cannot tell.
 """
 
 from __future__ import annotations
@@ -172,6 +179,34 @@ def portal_rate(jobs: int, clients: int, *, run_jobs: bool, round_number: int = 
         stack.stop()
 
 
+def baseline_source(rev: str) -> Path:
+    """The portal's code at commit `rev`, unpacked beside this checkout's."""
+    root = Path(__file__).resolve().parent.parent
+    folder = stack_folder("baseline-source")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=root, capture_output=True)
+    if archive.returncode != 0:
+        sys.exit(f"--baseline {rev}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
+def baseline_rate(source: Path, jobs: int, clients: int, *, run_jobs: bool) -> float:
+    """The portal side of the code in `source`, run by its own bench module
+    in a process of its own (its modules, settings and migrations)."""
+    script = ("import sys; from bench.api_submit_rate import portal_rate; "
+              "print('jobs/s', portal_rate(int(sys.argv[1]), int(sys.argv[2]), run_jobs=sys.argv[3] == 'run'))")
+    done = subprocess.run([sys.executable, "-c", script, str(jobs), str(clients), "run" if run_jobs else "hold"],
+                          cwd=source, capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].startswith("jobs/s "):
+        raise RuntimeError(f"the baseline's portal side failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    for line in lines[:-1]:
+        print(f"  baseline {line}")
+    return float(lines[-1].split()[1])
+
+
 def _count_jobs(base_url: str, token: str) -> int:
     client = Client(base_url, token)
     client.connection.request("GET", f"/api/v1/user/{USER}/jobs?limit=1", headers=client.headers)
@@ -216,24 +251,37 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="portal and Slurm take turns this many times, each on a fresh set-up; the medians count")
     parser.add_argument("--run", action="store_true", help='submit to "default", where the jobs run (`true`)')
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the portal side of this commit in every round, for portal_vs_baseline=")
     args = parser.parse_args()
     _ensure_slurm()
 
-    portal_rates, slurm_rates = [], []
+    portal_rates, slurm_rates, baseline_rates = [], [], []
+    source = baseline_source(args.baseline) if args.baseline else None
     try:
         for round_number in range(1, args.rounds + 1):
+            if source is not None:
+                baseline_rates.append(baseline_rate(source, args.jobs, args.clients, run_jobs=args.run))
             portal_rates.append(portal_rate(args.jobs, args.clients, run_jobs=args.run, round_number=round_number))
             slurm_rates.append(sbatch_rate(args.jobs, args.clients))
-            print(f"round {round_number}: portal {portal_rates[-1]:.1f} jobs/s, slurm {slurm_rates[-1]:.1f} jobs/s",
-                  flush=True)
+            baseline = f", baseline {baseline_rates[-1]:.1f} jobs/s" if baseline_rates else ""
+            print(f"round {round_number}: portal {portal_rates[-1]:.1f} jobs/s{baseline}, slurm {slurm_rates[-1]:.1f} "
+                  "jobs/s", flush=True)
     finally:
         for round_number in range(1, args.rounds + 1):
             shutil.rmtree(stack_folder(_stack_name(round_number)), ignore_errors=True)
+        if source is not None:
+            shutil.rmtree(source, ignore_errors=True)
     portal, slurm = statistics.median(portal_rates), statistics.median(slurm_rates)
     print(f"portal: {args.jobs} jobs from {args.clients} clients through POST /api/v1/user/<u>/jobs: "
           f"{portal:.1f} jobs/s (median of {args.rounds})")
     print(f"slurm:  {args.jobs} jobs from {args.clients} clients with sbatch --wrap true: {slurm:.1f} jobs/s "
           f"(median of {args.rounds})")
+    if baseline_rates:
+        baseline = statistics.median(baseline_rates)
+        print(f"baseline {args.baseline}: {baseline:.1f} jobs/s (median of {args.rounds}); "
+              f"against slurm {baseline / slurm:.2f}")
+        print(f"portal_vs_baseline={portal / baseline:.2f}")
     print(f"submit_rate_ratio={portal / slurm:.2f}")
 
 

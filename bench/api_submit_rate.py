@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.api_slurm import Slurm, missing_programs  # noqa: E402
-from bench.stack import Stack, stack_folder  # noqa: E402
+from bench.stack import ROOT, Stack, stack_folder  # noqa: E402
 
 IMAGE = "pai-local/busybox:latest"
 USER, PASSWORD, HOLD_VC = "bench", "bench-Password-1", "bench_hold"
@@ -62,7 +62,7 @@ def _setup_portal(stack: Stack) -> None:
         f"user = User.objects.create_user({USER!r}, password={PASSWORD!r})\n"
         f"VirtualCluster.objects.create(name={HOLD_VC!r}, capacity=0.0).users.add(user)\n"
     )
-    subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", script], cwd=Path(__file__).resolve().parent.parent,
+    subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", script], cwd=ROOT,
                    env=stack.env, check=True)
 
 
@@ -181,11 +181,10 @@ def portal_rate(jobs: int, clients: int, *, run_jobs: bool, round_number: int = 
 
 def baseline_source(rev: str) -> Path:
     """The portal's code at commit `rev`, unpacked beside this checkout's."""
-    root = Path(__file__).resolve().parent.parent
     folder = stack_folder("baseline-source")
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=root, capture_output=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, capture_output=True)
     if archive.returncode != 0:
         sys.exit(f"--baseline {rev}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
@@ -240,7 +239,7 @@ def _ensure_slurm() -> None:
         return
     if os.geteuid() != 0:
         sys.exit("missing Slurm: run as root, or apt-get install slurm-wlm munge")
-    script = Path(__file__).resolve().parent.parent / "scripts" / "lib.sh"
+    script = ROOT / "scripts" / "lib.sh"
     subprocess.run(["bash", "-c", f'source "{script}" && install_packages slurm-wlm munge'], check=True)
 
 

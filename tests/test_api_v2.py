@@ -18,8 +18,7 @@ from django.test import Client
 
 from jobs.models import Job, LogLine, State, Stream
 from jobs.services import job_submit
-from tests.helpers import lines, wait_state
-from tests.helpers import hold_vc
+from tests.helpers import hold_vc, lines, wait_state
 from tests.test_api import Api, expect, login
 
 pytestmark = pytest.mark.services

@@ -89,20 +89,43 @@ def pass_gap(last_seconds: float | None, *, min_gap: float, max_gap: float) -> f
     return max(min_gap, min(max_gap, last_seconds / PASS_BUSY_SHARE))
 
 
+def _pass_due_key() -> str:
+    return f"{_prefix()}:pass-due"
+
+
+def pass_pacing(now: float, last_start: float | None, last_seconds: float | None, last_due: float | None, *,
+                min_gap: float, max_gap: float) -> tuple[float, float]:
+    """(seconds this pass waits, its due time to keep for the next one).
+
+    Passes are paced like a rate limit's cells (GCRA): each pass moves the
+    due time on by its gap (`pass_gap`), and a pass may start up to
+    `min_gap` before the due time. So a stream of back-to-back requests
+    gets one pass per gap, as before, but a pass after a quiet spell never
+    waits, even if a lone pass (a task's end) started just before it: a
+    submission right after a task ended used to wait up to 100 ms for
+    nothing (bench/submit_to_running.py's wake-up p95)."""
+    if last_start is None:
+        return 0.0, now
+    gap = pass_gap(last_seconds, min_gap=min_gap, max_gap=max_gap)
+    due = max(last_start if last_due is None else last_due, last_start) + gap
+    return max(0.0, min(gap, due - min_gap - now)), due
+
+
 def wait_for_pass_slot(min_gap: float, max_gap: float) -> None:
-    """Start passes at most every `pass_gap(...)` seconds. Under a burst of
-    submissions, back-to-back passes would keep a core busy re-reading the
-    queue; waiting here lets the requests that arrive meanwhile share the
-    next pass (the request flag stays set until the pass starts). An idle
-    cluster never waits: its last pass is long past."""
+    """Wait as `pass_pacing` says. Under a burst of submissions,
+    back-to-back passes would keep a core busy re-reading the queue; waiting
+    here lets the requests that arrive meanwhile share the next pass (the
+    request flag stays set until the pass starts)."""
     redis = connection()
-    last, seconds = redis.mget(_last_pass_key(), _last_pass_seconds_key())
-    if last is not None:
-        gap = pass_gap(None if seconds is None else float(seconds), min_gap=min_gap, max_gap=max_gap)
-        delay = float(last) + gap - time.time()
-        if delay > 0:
-            time.sleep(min(delay, gap))
-    redis.set(_last_pass_key(), repr(time.time()), ex=60)
+    last, seconds, due = (None if value is None else float(value)
+                          for value in redis.mget(_last_pass_key(), _last_pass_seconds_key(), _pass_due_key()))
+    delay, due = pass_pacing(time.time(), last, seconds, due, min_gap=min_gap, max_gap=max_gap)
+    if delay > 0:
+        time.sleep(delay)
+    pipe = redis.pipeline(transaction=False)
+    pipe.set(_last_pass_key(), repr(time.time()), ex=60)
+    pipe.set(_pass_due_key(), repr(due), ex=60)
+    pipe.execute()
 
 
 def pass_overdue(max_age: float) -> bool:

@@ -58,6 +58,9 @@ def test_a_stream_of_requests_gets_one_pass_per_gap_after_one_early_pass():
 def test_passes_over_a_long_queue_that_start_nothing_come_ten_times_their_length_apart():
     starts = _starts([0.0] * 6, 0.04)
     assert [round(b - a, 3) for a, b in zip(starts[1:], starts[2:])] == [0.4] * 4
+    # 0.5 s passes: ten times that is 5 s, but the maximum gap (1 s) is what
+    # they wait for, counted from each one's start (the second comes early).
+    assert _starts([0.0] * 3, 0.5) == pytest.approx([0.0, 0.9, 1.9])
     starts = _starts([0.0] * 4, 30.0)  # a very long one: the maximum gap, and it is long over
     assert starts == pytest.approx([0.0, 30.0, 60.0, 90.0])
 

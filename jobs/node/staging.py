@@ -287,7 +287,7 @@ def _extract_within(stream: Iterable[bytes], dest: Path, budget: _Budget) -> Non
     with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as archive:
         for member in archive:
             if member.isdir():
-                archive.extract(member, dest, filter="data")
+                _member_path(dest, member.name).mkdir(parents=True, exist_ok=True)
             elif member.isreg():
                 if budget.kept_files + 1 > budget.max_files:
                     budget.stopped = f"/pai/{member.name} would pass {budget.files_why}"
@@ -295,10 +295,35 @@ def _extract_within(stream: Iterable[bytes], dest: Path, budget: _Budget) -> Non
                 if budget.kept_bytes + member.size > budget.max_bytes:
                     budget.stopped = f"/pai/{member.name} ({member.size} bytes) would pass {budget.bytes_why}"
                     return
-                archive.extract(member, dest, filter="data")
+                _extract_file(archive, member, _member_path(dest, member.name))
                 budget.kept_files += 1
                 budget.kept_bytes += member.size
             # links and devices: never uploaded (upload_tree skips symlinks too)
+
+
+# Written out rather than left to extract(filter="data"): Debian 12's own
+# Python (3.11.2) has no extraction filters, and the task's archive is the
+# task's to forge. Only folders and regular files are ever made, under a
+# fresh `dest`, so a name is the only way out of it.
+def _member_path(dest: Path, name: str) -> Path:
+    """Where the member `name` goes under `dest`; TarError for a name that
+    would leave it (absolute, or climbing with "..")."""
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if name.startswith("/") or ".." in parts or not parts:
+        raise tarfile.TarError(f"/pai/{name}: the archive names a place outside /pai/output")
+    return dest.joinpath(*parts)
+
+
+def _extract_file(archive: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> None:
+    """The file's bytes, with its permissions less what a shared folder must
+    not get (set-id bits, writable by others)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source = archive.extractfile(member)
+    if source is None:
+        raise tarfile.TarError(f"/pai/{member.name}: its content cannot be read")
+    with source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out, MB)
+    target.chmod((member.mode & 0o755) | 0o600)
 
 
 class _ChunkReader:

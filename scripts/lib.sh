@@ -94,12 +94,29 @@ build_minicluster() {
   touch "$stamp"
 }
 
+# The virtualenv's interpreter: Debian's own python3 (base_packages installs
+# it), not whichever python3 comes first on PATH (pyenv's, say), so that the
+# tests run on the interpreter a fresh Debian machine runs the portal with:
+# a newer build first on PATH once hid that Debian 12's 3.11.2 has no tar
+# extraction filters. PORTAL_PYTHON picks another.
+BASE_PYTHON="${PORTAL_PYTHON:-/usr/bin/python3}"
+
+venv_base() {
+  # The folder of the interpreter the virtualenv was made from (pyvenv.cfg's home).
+  sed -n 's/^home = //p' "$VENV/pyvenv.cfg" 2>/dev/null
+}
+
 make_venv() {
   local stamp="$VENV/.requirements.sha256" want
   want=$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)
+  [ -x "$BASE_PYTHON" ] || die "no Python at $BASE_PYTHON (PORTAL_PYTHON)"
+  if [ -x "$PY" ] && [ "$(venv_base)" != "$(dirname "$BASE_PYTHON")" ]; then
+    say "making .venv again from $BASE_PYTHON (it was made from $(venv_base)/)"
+    rm -rf "$VENV"
+  fi
   if [ -x "$PY" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
   say "creating the virtualenv (.venv) from requirements.txt"
-  [ -x "$PY" ] || python3 -m venv "$VENV"
+  [ -x "$PY" ] || "$BASE_PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
   echo "$want" > "$stamp"
 }

@@ -102,7 +102,8 @@ build_minicluster() {
 BASE_PYTHON="${PORTAL_PYTHON:-/usr/bin/python3}"
 
 venv_base() {
-  # The folder of the interpreter the virtualenv was made from (pyvenv.cfg's home).
+  # The folder of the interpreter the virtualenv was made from (pyvenv.cfg's
+  # home, which venv writes as below in make_venv).
   sed -n 's/^home = //p' "$VENV/pyvenv.cfg" 2>/dev/null
 }
 
@@ -110,7 +111,9 @@ make_venv() {
   local stamp="$VENV/.requirements.sha256" want
   want=$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)
   [ -x "$BASE_PYTHON" ] || die "no Python at $BASE_PYTHON (PORTAL_PYTHON)"
-  if [ -x "$PY" ] && [ "$(venv_base)" != "$(dirname "$BASE_PYTHON")" ]; then
+  local base
+  base=$("$BASE_PYTHON" -c 'import os, sys; print(os.path.dirname(os.path.abspath(sys._base_executable)))')
+  if [ -x "$PY" ] && [ "$(venv_base)" != "$base" ]; then
     say "making .venv again from $BASE_PYTHON (it was made from $(venv_base)/)"
     rm -rf "$VENV"
   fi

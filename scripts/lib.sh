@@ -101,20 +101,17 @@ build_minicluster() {
 # extraction filters. PORTAL_PYTHON picks another.
 BASE_PYTHON="${PORTAL_PYTHON:-/usr/bin/python3}"
 
-venv_base() {
-  # The folder of the interpreter the virtualenv was made from (pyvenv.cfg's
-  # home, which venv writes as below in make_venv).
-  sed -n 's/^home = //p' "$VENV/pyvenv.cfg" 2>/dev/null
-}
-
 make_venv() {
   local stamp="$VENV/.requirements.sha256" want
   want=$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)
   [ -x "$BASE_PYTHON" ] || die "no Python at $BASE_PYTHON (PORTAL_PYTHON)"
-  local base
+  # pyvenv.cfg's home: the folder of the interpreter .venv was made from,
+  # which venv writes as `base` is worked out here.
+  local base made
   base=$("$BASE_PYTHON" -c 'import os, sys; print(os.path.dirname(os.path.abspath(sys._base_executable)))')
-  if [ -x "$PY" ] && [ "$(venv_base)" != "$base" ]; then
-    say "making .venv again from $BASE_PYTHON (it was made from $(venv_base)/)"
+  made=$(sed -n 's/^home = //p' "$VENV/pyvenv.cfg" 2>/dev/null)
+  if [ -x "$PY" ] && [ "$made" != "$base" ]; then
+    say "making .venv again from $BASE_PYTHON (it was made from $made/)"
     rm -rf "$VENV"
   fi
   if [ -x "$PY" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi

@@ -109,7 +109,9 @@ make_venv() {
   # which venv writes as `base` is worked out here.
   local base made
   base=$("$BASE_PYTHON" -c 'import os, sys; print(os.path.dirname(os.path.abspath(sys._base_executable)))')
-  made=$(sed -n 's/^home = //p' "$VENV/pyvenv.cfg" 2>/dev/null)
+  # (a fresh checkout has no pyvenv.cfg: sed's failure must not end the
+  # script under set -e)
+  made=$(sed -n 's/^home = //p' "$VENV/pyvenv.cfg" 2>/dev/null || true)
   if [ -x "$PY" ] && [ "$made" != "$base" ]; then
     say "making .venv again from $BASE_PYTHON (it was made from $made/)"
     rm -rf "$VENV"

@@ -62,3 +62,27 @@ def test_the_dockerd_it_starts_isolates_one_task_jobs_on_its_default_bridge():
     assert options["com.docker.network.bridge.name"] == "pai-default"
     assert options["com.docker.network.bridge.enable_icc"] == "false"
     assert engine.isolating_default_network() == "bridge"
+
+
+def test_make_venv_works_on_a_fresh_checkout_and_remakes_a_foreign_one(tmp_path):
+    """make_venv as scripts/test runs it (set -euo pipefail) in a checkout
+    with no .venv yet: reading the missing pyvenv.cfg must not end the script
+    (seen: CI exited 2 after one second). A .venv made from another
+    interpreter is made again. An empty requirements.txt keeps pip quick."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "requirements.txt").write_text("")
+    script = ('set -euo pipefail; source scripts/lib.sh; '
+              f'ROOT={checkout}; VENV="$ROOT/.venv"; PY="$VENV/bin/python"; make_venv; echo venv-ready')
+    first = _bash(tmp_path / "var", script)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "venv-ready" in first.stdout
+    assert (checkout / ".venv" / "bin" / "python").exists()
+    assert "making .venv again" not in first.stdout
+
+    config = checkout / ".venv" / "pyvenv.cfg"
+    config.write_text(config.read_text().replace("home = ", "home = /elsewhere", 1))
+    again = _bash(tmp_path / "var", script)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "making .venv again" in again.stdout and "/elsewhere" in again.stdout
+    assert "/elsewhere" not in config.read_text()

@@ -120,9 +120,15 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes write (gunicorn workers, node agents): WAL lets readers
     # go on during a write, IMMEDIATE takes the write lock at BEGIN so two
     # transactions never deadlock upgrading a read lock, and the timeout
-    # queues writers instead of failing them.
+    # queues writers instead of failing them. Temporary storage in memory:
+    # otherwise every INSERT of a job (its table has 17 indexes and a
+    # trigger) made SQLite create and delete a file in /var/tmp, a new inode
+    # per submission (strace and perf of bench/api_submit_rate.py's web
+    # workers). The cost: a big sort with no index to use is held in memory
+    # rather than spilled to a temporary file.
     _db["OPTIONS"] = {
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; "
+                        "PRAGMA temp_store=MEMORY;",
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }

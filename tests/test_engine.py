@@ -424,3 +424,34 @@ def test_it_places_nothing_on_a_node_whose_agent_stopped(alice, cluster):
     cluster.start_agent("t-node-leave", ports=cluster.port_range(5), gpus=1, gpu_type="LEAVETEST")
     assert wait_state(job, State.SUCCEEDED).exit_type == ExitType.SUCCEEDED
     cluster.agent("t-node-leave").stop()
+
+
+def test_it_makes_the_output_folder_as_the_first_task_starts_not_at_submission(alice):
+    output = settings.STORAGE_LOCAL_ROOT / "Output" / alice.username
+    held = submit(alice, config("outlater", role(command="true", gpus=1), gpuType="NOSUCHGPU"))
+    wait_for(lambda: "NOSUCHGPU" in type(held).objects.get(pk=held.pk).waiting_reason, what="a reason to wait")
+    assert not (output / "outlater").exists()  # a job that never starts leaves no folder behind
+    services.job_stop(job=held, by=alice)
+
+    job = submit(alice, config("outnow", role(command="echo started; sleep 600")))
+    running_attempt(job)
+    assert (output / "outnow").is_dir()  # there before the task's code runs: it may write to PAI_OUTPUT_DIR
+    services.job_stop(job=job, by=alice)
+    wait_state(job, State.STOPPED, timeout=30)
+
+
+def test_it_starts_the_task_with_a_note_when_the_output_folder_cannot_be_made(alice, cluster):
+    output = settings.STORAGE_LOCAL_ROOT / "Output" / alice.username
+    job = submit(alice, config("outblocked", role(command="echo ran", gpus=1), gpuType="OUTBLOCKED"))
+    # Submission found nothing in the way; a file appears there before the job starts.
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "outblocked").write_text("not a folder")
+    cluster.start_agent("t-node-outblocked", ports=cluster.port_range(5), gpus=1, gpu_type="OUTBLOCKED")
+    try:
+        job = wait_state(job, State.SUCCEEDED)
+    finally:
+        cluster.agent("t-node-outblocked").stop()
+    assert lines(job) == ["ran"]
+    uri = f"file:///Output/{alice.username}/outblocked"
+    notes = [line.split(" ", 2)[2] for line in lines(job, Stream.PLATFORM)]  # after the note's date and time
+    assert f"could not make outputDir {uri}: {uri} is a file; expected a folder" in notes, notes

@@ -251,6 +251,29 @@ def test_it_writes_a_lone_submission_at_once_in_one_transaction(alice, redis_ser
     assert_stored_whole(alice, "alone", submissions.results["a"])
 
 
+def test_sqlite_connections_keep_temporary_storage_in_memory(alice, redis_server):
+    """On SQLite a job's INSERT needs temporary storage; as a file it cost
+    a new inode in /var/tmp per submission (portal/settings.py). Asked on
+    the connection a submitting thread opens, as the web workers' are."""
+    if connection.vendor != "sqlite":
+        pytest.skip("a setting of SQLite's connections")
+    seen: list[int] = []
+
+    def submit() -> None:
+        try:
+            services.job_submit(owner=alice, config=_config("tempstore"))
+            with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+                cursor.execute("PRAGMA temp_store")
+                seen.append(cursor.fetchone()[0])
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    thread.join()
+    assert seen == [2]  # MEMORY
+
+
 def test_it_stores_submissions_queued_behind_a_write_in_one_transaction(alice, redis_server):
     submissions = Submissions(alice)
     queued = [(f"q{i}", f"sweep-{i}") for i in range(6)]

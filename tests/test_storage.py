@@ -296,12 +296,33 @@ def test_it_refuses_job_paths_outside_the_users_folders_naming_the_field(alice, 
     assert problems["authFile"] == '"../auth" contains "..": write the path without going up a folder'
 
 
-def test_it_creates_the_default_output_dir_at_submission(alice) -> None:
+def test_it_checks_the_output_dir_at_submission_and_makes_it_only_when_asked(alice) -> None:
     job = services.job_submit(owner=alice, config=json.dumps(config("outdefault", role())))
     # Stored as a full URI; `$PAI_DEFAULT_FS_URI/Output/...` itself reads file:/Output/...
     assert job.config["outputDir"] == f"file:///Output/{alice.username}/outdefault"
-    assert storage.backend().stat(f"/Output/{alice.username}/outdefault").is_dir
     services.job_stop(job=job, by=alice)
+    assert storage.backend().stat(f"/Output/{alice.username}/outdefault") is None  # the node makes it
+    storage.ensure_output_dir(uri=job.config["outputDir"], reader=storage.reader_for(user_name=alice.username,
+                                                                                     is_admin=False))
+    assert storage.backend().stat(f"/Output/{alice.username}/outdefault").is_dir
+
+
+def test_it_refuses_an_output_dir_with_a_file_in_its_place_or_above_it(alice) -> None:
+    out = f"/Output/{alice.username}"
+    storage.backend().write(f"{out}/taken", io.BytesIO(b"a file"))
+    refused = {"outputDir": f"file://{out}/taken/sub",
+               "taken": f"file://{out}/taken", "deeper": f"file://{out}/taken/a/b"}
+    for name, uri in refused.items():
+        with pytest.raises(SpecError) as error:
+            services.job_submit(owner=alice, config=json.dumps(config(f"out{name}", role(), outputDir=uri)))
+        [problem] = error.value.problems
+        assert problem.path == "outputDir"
+        if uri.endswith("/taken"):
+            assert problem.message == f"file://{out}/taken is a file; expected a folder"
+        else:
+            assert problem.message == f"file://{out}/taken is a file; expected a folder, since outputDir goes inside it"
+    assert storage.backend().stat(f"{out}/taken").size == 6  # nothing was changed
+    assert not alice.jobs.exists()
 
 
 def test_it_checks_code_dir_and_auth_file_exist_at_submission(alice) -> None:

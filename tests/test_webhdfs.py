@@ -208,9 +208,12 @@ def test_it_makes_homes_that_only_their_user_may_open_and_hdfs_itself_refuses_ot
     impersonating = on_real_hdfs.webhdfs("GET", home, user=bob.username, op="LISTSTATUS", doas=alice.username)
     assert impersonating.status_code == 403 and "is not allowed to impersonate" in impersonating.text
 
-    # Outputs: /Output/<user> is made at submission, alice's alone as well.
+    # Outputs: /Output/<user> is made as a job's first task starts (the
+    # node's ensure_output_dir, as the job's owner), alice's alone as well.
     job = services.job_submit(owner=alice, config=json.dumps(config("homes", role())))
     services.job_stop(job=job, by=alice)
+    assert on_real_hdfs.status(f"/Output/{alice.username}/homes") is None  # submission only looked
+    storage.ensure_output_dir(uri=job.config["outputDir"], reader=reader(alice))
     output_home = on_real_hdfs.status(f"/Output/{alice.username}")
     assert (output_home["owner"], output_home["permission"]) == (alice.username, "700")
     assert on_real_hdfs.status(f"/Output/{alice.username}/homes")["owner"] == alice.username
@@ -243,7 +246,7 @@ def test_it_runs_the_job_storage_contract_on_hdfs(on_real_hdfs, alice, admin_use
     spec = services.parse_for_user(json.dumps(cfg), user=alice).spec
     assert spec.output_dir == f"{fs}/Output/{alice.username}/onhdfs"
     assert storage.check_job_paths(user_name=alice.username, is_admin=False, spec=spec) == []
-    storage.ensure_output_dir(user_name=alice.username, uri=spec.output_dir)
+    storage.ensure_output_dir(uri=spec.output_dir, reader=me)
     assert on_real_hdfs.status(f"/Output/{alice.username}/onhdfs")["owner"] == alice.username
     assert storage.stage_tree(spec.code_dir, tmp_path / "stage", max_bytes=MB, reader=me) == 14
     assert (tmp_path / "stage/pkg/mod.py").read_bytes() == b"x = 1\n"

@@ -291,6 +291,7 @@ class Runner:
         ensure_image()
         code_dir = self._stage_code(ctx) if ctx.spec.code_dir else ""
         data_dir = self._stage_data(ctx) if ctx.spec.data_dir else ""
+        self._make_output_dir(ctx)
         network = self._network(ctx)
         env = environment.task_environment(
             spec=ctx.spec, user_name=ctx.job.owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI,
@@ -369,6 +370,16 @@ class Runner:
         if said:
             self.writer.note(ctx.attempt.pk, said)
         return data
+
+    def _make_output_dir(self, ctx: LaunchContext) -> None:
+        """outputDir, made before the task's code runs (it may write to
+        PAI_OUTPUT_DIR); submission only checked that it can be. Should
+        storage refuse now, the task still starts, with a note: the upload of
+        its /pai/output makes the folder when it ends, or says why not."""
+        try:
+            storage.ensure_output_dir(uri=ctx.spec.output_dir, reader=owner_reader(ctx.job))
+        except storage.StorageError as exc:
+            self.writer.note(ctx.attempt.pk, f"could not make outputDir {ctx.spec.output_dir}: {exc}")
 
     # -------------------------------------------------------------- stopping
 

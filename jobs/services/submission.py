@@ -61,13 +61,10 @@ def _check_admission(spec: JobSpec) -> None:
 
 
 def _check_storage(user: User, spec: JobSpec) -> None:
+    """Only looks: outputDir is made as the job's first task starts."""
     problems = storage.check_job_paths(user_name=user.username, is_admin=user.is_admin, spec=spec)
     if problems:
         raise SpecError([SpecProblem(field, message) for field, message in problems])
-    try:
-        storage.ensure_output_dir(user_name=user.username, uri=spec.output_dir, is_admin=user.is_admin)
-    except storage.StorageError as exc:
-        raise SpecError([SpecProblem("outputDir", f"cannot create the output folder: {exc}")]) from None
 
 
 def _with_full_uris(spec: JobSpec, user: User) -> JobSpec:

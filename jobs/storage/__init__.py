@@ -12,7 +12,7 @@ Used by the job services and the node runner (keep these names):
 
     StorageError, StorageAccessDenied, StorageNotFound, StorageUnavailable (try again later)
     check_job_paths(*, user_name, is_admin, spec) -> [(field, message)]
-    ensure_output_dir(*, user_name, uri)
+    ensure_output_dir(*, uri, reader)
     stage_tree(uri, dest, *, max_bytes) -> bytes copied
     stage_data(uri, dest, *, max_bytes) -> (bytes, copied?)
     upload_tree(src, uri) -> bytes copied (within the owner's quota)
@@ -119,8 +119,9 @@ def reader_for(*, user_name: str, is_admin: bool) -> Reader:
 def check_job_paths(*, user_name: str, is_admin: bool, spec: JobSpec) -> list[tuple[str, str]]:
     """(field, message) for each of codeDir, dataDir, outputDir, authFile the
     user may not use. codeDir must be an existing folder and authFile a valid
-    file now: finding out when the task starts, maybe hours later, helps nobody.
-    Messages say what was expected (the errors below are worded that way)."""
+    file now, and nothing may stand where outputDir's folders go: finding out
+    when the task starts, maybe hours later, helps nobody. Messages say what
+    was expected (the errors below are worded that way)."""
     reader = reader_for(user_name=user_name, is_admin=is_admin)
     fields = [("codeDir", spec.code_dir, False), ("dataDir", spec.data_dir, False),
               ("outputDir", spec.output_dir, True), ("authFile", spec.auth_file, False)]
@@ -134,6 +135,8 @@ def check_job_paths(*, user_name: str, is_admin: bool, spec: JobSpec) -> list[tu
             (check_write if write else check_read)(reader, path)
             if field == "codeDir":
                 _check_folder(path, store=backend_for(reader))
+            elif field == "outputDir":
+                _check_output_folder(path, store=backend_for(reader))
             elif field == "authFile":
                 parse_auth_file(_read_limited(path, max_bytes=64 * 1024, store=backend_for(reader)))
         except StorageNotFound:
@@ -152,10 +155,27 @@ def _check_folder(path: str, *, store: Backend) -> None:
     store.list(path)  # the node will list it as the job's owner: HDFS may refuse that where a stat passes
 
 
-def ensure_output_dir(*, user_name: str, uri: str, is_admin: bool = False) -> None:
-    """Make outputDir when missing (submission already checked access)."""
-    reader = reader_for(user_name=user_name, is_admin=is_admin)
-    path = locate(uri, user_name=user_name)
+def _check_output_folder(path: str, *, store: Backend) -> None:
+    """outputDir can be made (ensure_output_dir, as a task starts): it is a
+    folder, or it is missing and the nearest thing above it is a folder.
+    Only looked at: making it here cost a new inode per submission, a tenth
+    of a submission's CPU (perf of bench/api_submit_rate.py's web workers),
+    for a job that may never start."""
+    entry = store.stat(path)
+    missing = entry is None
+    while entry is None and path != paths.ROOT:
+        path = paths.parent(path)
+        entry = store.stat(path)
+    if entry is not None and not entry.is_dir:
+        above = ", since outputDir goes inside it" if missing else ""
+        raise StorageError(f"{to_uri(path)} is a file; expected a folder{above}")
+
+
+def ensure_output_dir(*, uri: str, reader: Reader) -> None:
+    """Make outputDir when missing, as `reader` (the job's owner), before a
+    task of the job starts: its code may write there (PAI_OUTPUT_DIR).
+    Submission checked access and that nothing stands in the way."""
+    path = locate(uri, user_name=reader.name)
     ensure_home(reader, path)
     store = backend_for(reader)
     entry = store.stat(path)

@@ -67,7 +67,7 @@ class LocalBackend(Backend):
     def _entry(self, path: str, real: Path) -> Entry | None:
         try:
             info = real.lstat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # nothing exists below a file
             return None
         except OSError as exc:
             raise _error(path, exc) from None

@@ -121,11 +121,10 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # go on during a write, IMMEDIATE takes the write lock at BEGIN so two
     # transactions never deadlock upgrading a read lock, and the timeout
     # queues writers instead of failing them. Temporary storage in memory:
-    # otherwise every INSERT of a job (its table has 17 indexes and a
-    # trigger) made SQLite create and delete a file in /var/tmp, a new inode
-    # per submission (strace and perf of bench/api_submit_rate.py's web
-    # workers). The cost: a big sort with no index to use is held in memory
-    # rather than spilled to a temporary file.
+    # otherwise SQLite created and deleted a file in /var/tmp for every
+    # job's INSERT, a new inode per submission (strace and perf of
+    # bench/api_submit_rate.py's web workers). The cost: a big sort with no
+    # index to use is held in memory rather than spilled to a file.
     _db["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; "
                         "PRAGMA temp_store=MEMORY;",

@@ -61,7 +61,7 @@ def _check_admission(spec: JobSpec) -> None:
 
 
 def _check_storage(user: User, spec: JobSpec) -> None:
-    """Only looks: outputDir is made as the job's first task starts."""
+    """Only looks: the node makes outputDir as the job's tasks start."""
     problems = storage.check_job_paths(user_name=user.username, is_admin=user.is_admin, spec=spec)
     if problems:
         raise SpecError([SpecProblem(field, message) for field, message in problems])

@@ -244,7 +244,8 @@ class JobFacts:
 
 
 class Job(JobFacts, models.Model):
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    # No index of its own: job_name_unique_per_user starts with it (migration 0017).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs", db_index=False)
     name = models.CharField(max_length=128)
     virtual_cluster = models.ForeignKey(VirtualCluster, on_delete=models.PROTECT, related_name="jobs")
     state = models.CharField(max_length=16, choices=State.choices, default=State.WAITING)
@@ -355,7 +356,8 @@ class JobTag(models.Model):
 class JobAttempt(models.Model):
     """One try of a whole job; retryCount makes more of them."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    # No index of its own: job_attempt_unique starts with it (migration 0017).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     number = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.WAITING)
     created_at = models.DateTimeField(default=timezone.now)
@@ -388,7 +390,8 @@ class JobAttempt(models.Model):
 class Task(models.Model):
     """A task of a task role: `<role>-<index>` within its job."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tasks")
+    # No index of its own: task_unique starts with it (migration 0017).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tasks", db_index=False)
     role = models.CharField(max_length=64)
     index = models.PositiveIntegerField()
 

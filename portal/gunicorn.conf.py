@@ -4,12 +4,15 @@ address comes from the command line (`-b`).
 
 uvicorn workers serve ASGI: the browser terminal's WebSockets, and plain
 HTTP through a pool of threads per worker (portal/asgi.py). Every view is
-synchronous Python, so a worker uses at most one core. Two workers per core:
-a client's keep-alive connection stays with the worker that accepted it, and
-with one worker per core an uneven share of busy connections left one core
-idle while the other worker was capped at one (measured with
-bench/api_submit_rate.py: 10-20% fewer jobs/s). More than that only adds
-database connections and contention for SQLite's lock.
+synchronous Python, so a worker uses at most one core. One worker per core
+and one more: a client's keep-alive connection stays with the worker that
+accepted it, and with one worker per core an uneven share of busy
+connections left one core idle while the other worker was capped at one
+(bench/api_submit_rate.py: 10-20% fewer jobs/s). Each worker past that adds
+database connections whose commits empty the others' SQLite page caches,
+and makes the group commits (jobs/services/job_store.py) smaller: on the
+2-core machine, 8 clients submitting, 4 workers took more CPU per job than
+3 in 10 of 11 alternated runs, and 5.7% fewer jobs/s on average.
 """
 
 import gc
@@ -17,7 +20,7 @@ import os
 
 wsgi_app = "portal.asgi:application"
 worker_class = "portal.workers.PortalWorker"  # uvicorn's, WebSocket messages bounded
-workers = int(os.environ.get("PORTAL_WORKERS") or min(2 * (os.cpu_count() or 1), 8))
+workers = int(os.environ.get("PORTAL_WORKERS") or min((os.cpu_count() or 1) + 1, 8))
 timeout = 120
 graceful_timeout = 10
 

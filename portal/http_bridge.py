@@ -9,7 +9,10 @@ has a small body and a response made whole in memory, so here:
 - a request body of known length up to PREREAD_BYTES is read in the event
   loop before the view's thread starts;
 - a response that is not streaming is collected in the view's thread and
-  sent from the loop once the view returns.
+  sent from the loop once the view returns, straight to the server: a2wsgi's
+  send queue and the task that empties it are made only for a streaming
+  response (measured: 4-14% of a submission's CPU in the web workers, 2-core
+  machine, bench/api_submit_rate.py's set-up).
 That is one hand-over each way instead of four or more: about 15% of the
 CPU a job submission costs (measured with bench/api_submit_rate.py). Streaming responses (log and file
 downloads) and bigger or chunked uploads keep a2wsgi's piece-by-piece path,
@@ -143,6 +146,8 @@ class _Responder(WSGIResponder):
         super().__init__(*args)
         self.held: list[dict[str, Any]] = []  # messages the loop sends after the view returns
         self.holding = True
+        self.send_to_client: Any = None
+        self.sender_task: asyncio.Task[None] | None = None  # only for a streaming response
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         length = _content_length(scope)
@@ -153,19 +158,21 @@ class _Responder(WSGIResponder):
         else:
             body = _PiecesBody(self.loop, receive)  # chunked: a2wsgi's, which can also give its pieces
         environ = build_environ(scope, body)
-        sender = self.loop.create_task(self.sender(send))
+        self.send_to_client = send
         try:
             func = functools.partial(contextvars.copy_context().run, self.wsgi)
             await self.loop.run_in_executor(self.executor, func, environ, self.start_response)
-            for message in self.held:
-                await self.send_queue.put(message)
-            await self.send_queue.put(None)
-            await sender  # it may raise: the client went away
+            if self.sender_task is None:  # the response was held whole: no queue, no task
+                for message in self.held:
+                    await send(message)
+            else:
+                await self.send_queue.put(None)
+                await self.sender_task  # it may raise: the client went away
             if self.exc_info is not None:
                 raise self.exc_info[0].with_traceback(self.exc_info[1], self.exc_info[2])
         finally:
-            if not sender.done():
-                sender.cancel()
+            if self.sender_task is not None and not self.sender_task.done():
+                self.sender_task.cancel()
             if isinstance(body, _ReadAheadBody) and not body.task.done():
                 body.task.cancel()  # the view did not read it all
 
@@ -178,9 +185,14 @@ class _Responder(WSGIResponder):
     def _stream(self) -> None:
         """From here on, send each message as it comes (a2wsgi's way)."""
         self.holding = False
+        asyncio.run_coroutine_threadsafe(self._start_sender(), self.loop).result()
         held, self.held = self.held, []
         for message in held:
             super().send(message)
+
+    async def _start_sender(self) -> None:
+        """The task that sends what the view's thread queues, in order."""
+        self.sender_task = self.loop.create_task(self.sender(self.send_to_client))
 
     def wsgi(self, environ: Any, start_response: Any) -> None:
         iterable: Iterable[bytes] = self.app(environ, start_response)

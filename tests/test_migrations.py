@@ -22,3 +22,32 @@ def test_log_lines_are_indexed_once_by_attempt() -> None:
     indexed = sorted(tuple(info["columns"]) for info in constraints.values() if info["index"] or info["unique"])
     assert ("attempt_id", "stream", "seq") in indexed
     assert ("attempt_id",) not in indexed
+
+
+COVERED = [("jobs_job", "owner_id", ("owner_id", "name")),
+           ("jobs_task", "job_id", ("job_id", "role", "index")),
+           ("jobs_jobattempt", "job_id", ("job_id", "number"))]
+
+
+def test_jobs_tasks_and_attempts_are_indexed_once_by_their_foreign_key() -> None:
+    # Migration 0017: each column starts a unique index, which serves the
+    # lookups; its own second index only slowed every submission.
+    for table, column, unique in COVERED:
+        with connection.cursor() as cursor:
+            constraints = connection.introspection.get_constraints(cursor, table)
+        # A set: the expression indexes of jobs_job have no plain column list.
+        indexed = {tuple(info["columns"] or ()) for info in constraints.values() if info["index"] or info["unique"]}
+        assert unique in indexed, table
+        assert (column,) not in indexed, table
+
+
+def test_lookups_by_those_foreign_keys_still_use_an_index() -> None:
+    # A user's jobs, a job's tasks and attempts (and the cascades that delete
+    # them) must not scan their table.
+    if connection.vendor != "sqlite":
+        return  # PostgreSQL's planner scans tables this small whatever their indexes
+    for table, column, _ in COVERED:
+        with connection.cursor() as cursor:
+            cursor.execute(f'EXPLAIN QUERY PLAN SELECT * FROM {table} WHERE "{column}" = 1')
+            plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+        assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, (table, plan)

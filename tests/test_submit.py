@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from jobs.models import Job, State, VirtualCluster
 from tests.conftest import unique
-from tests.helpers import BUSYBOX_IMAGE, config, role, submit
+from tests.helpers import BUSYBOX_IMAGE, config, hold_vc, role, submit
 
 SUBMIT = reverse("jobs:submit")
 VALIDATE = reverse("jobs:submit_validate")
@@ -158,7 +158,11 @@ def test_it_needs_a_login():
 
 def test_it_queues_a_pasted_config_with_its_comments(alice):
     name = unique("pasted")
-    text = COMMENTED_BAD.replace("NAME", name).replace('"memoryMB": 50', '"memoryMB": 256').replace('"retryCount": -1', '"retryCount": 0')
+    # Into a virtual cluster with no share: the session's cluster, started by
+    # an earlier test, could otherwise start the job before it is read here.
+    held = hold_vc(unique("held"), alice)
+    text = (COMMENTED_BAD.replace("NAME", name).replace('"memoryMB": 50', '"memoryMB": 256')
+            .replace('"retryCount": -1', f'"retryCount": 0, "virtualCluster": "{held.name}"'))
     response = client_for(alice).post(SUBMIT, {"config": text, "mode": "json"})
     assert response.status_code == 302 and response["Location"] == reverse("jobs:list")
     job = Job.objects.get(owner=alice, name=name)

@@ -11,8 +11,8 @@ connections left one core idle while the other worker was capped at one
 (bench/api_submit_rate.py: 10-20% fewer jobs/s). Each worker past that adds
 database connections whose commits empty the others' SQLite page caches,
 and makes the group commits (jobs/services/job_store.py) smaller: on the
-2-core machine, 8 clients submitting, 4 workers took more CPU per job than
-3 in 10 of 11 alternated runs, and 5.7% fewer jobs/s on average.
+2-core machine, 8 clients submitting, 3 workers took less CPU per job than
+4 in 10 of 11 alternated runs, and took 5.7% more jobs/s on average.
 """
 
 import gc

@@ -11,8 +11,8 @@ has a small body and a response made whole in memory, so here:
 - a response that is not streaming is collected in the view's thread and
   sent from the loop once the view returns, straight to the server: a2wsgi's
   send queue and the task that empties it are made only for a streaming
-  response (measured: 4-14% of a submission's CPU in the web workers, 2-core
-  machine, bench/api_submit_rate.py's set-up).
+  response (2-14% less of the web workers' CPU a submission, in four pairs
+  of runs side by side with bench/api_submit_rate.py's set-up).
 That is one hand-over each way instead of four or more: about 15% of the
 CPU a job submission costs (measured with bench/api_submit_rate.py). Streaming responses (log and file
 downloads) and bigger or chunked uploads keep a2wsgi's piece-by-piece path,

@@ -14,12 +14,18 @@ def test_every_model_change_has_its_migration() -> None:
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
 
+def _indexed(table: str) -> set[tuple[str, ...]]:
+    """The column lists of `table`'s indexes and unique constraints (empty
+    for an expression index, which has none)."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, table)
+    return {tuple(info["columns"] or ()) for info in constraints.values() if info["index"] or info["unique"]}
+
+
 def test_log_lines_are_indexed_once_by_attempt() -> None:
     # Migration 0016: the unique (attempt, stream, seq) index serves lookups
     # by attempt; no second index on the attempt alone slows every insert.
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, "jobs_logline")
-    indexed = sorted(tuple(info["columns"]) for info in constraints.values() if info["index"] or info["unique"])
+    indexed = _indexed("jobs_logline")
     assert ("attempt_id", "stream", "seq") in indexed
     assert ("attempt_id",) not in indexed
 
@@ -33,10 +39,7 @@ def test_jobs_tasks_and_attempts_are_indexed_once_by_their_foreign_key() -> None
     # Migration 0017: each column starts a unique index, which serves the
     # lookups; its own second index only slowed every submission.
     for table, column, unique in COVERED:
-        with connection.cursor() as cursor:
-            constraints = connection.introspection.get_constraints(cursor, table)
-        # A set: the expression indexes of jobs_job have no plain column list.
-        indexed = {tuple(info["columns"] or ()) for info in constraints.values() if info["index"] or info["unique"]}
+        indexed = _indexed(table)
         assert unique in indexed, table
         assert (column,) not in indexed, table
 

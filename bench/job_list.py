@@ -252,18 +252,22 @@ def _stored_jobs_postgres(server) -> int:
 
 def run(args: argparse.Namespace, server=None) -> None:
     if server is None:
-        var, database = VAR, VAR / "portal.sqlite3"
+        database = VAR / "portal.sqlite3"
         reuse = args.reuse and _stored_jobs(database) == args.jobs
         if not reuse:
             shutil.rmtree(VAR, ignore_errors=True)
         configure_django(VAR, "bench-job-list")
     else:
-        var, database = PG_VAR, f"PostgreSQL 15, database {PG_DATABASE}"
+        database = f"PostgreSQL 15, database {PG_DATABASE}"
         reuse = args.reuse and _stored_jobs_postgres(server) == args.jobs
         if not reuse:
             server.drop_database(PG_DATABASE)
             server.create_database(PG_DATABASE)
-        configure_django(var, "bench-job-list", DATABASE_URL=server.url(PG_DATABASE))
+        # The portal's folder is not the server's (PG_VAR): Django closes its
+        # folder to everyone else (0700) as it starts, and the server's user
+        # could then no longer reach its own data, which stopped the server
+        # at its first checkpoint.
+        configure_django(VAR, "bench-job-list", DATABASE_URL=server.url(PG_DATABASE))
     if not reuse:
         started = time.perf_counter()
         fill(args.jobs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.db.models import QuerySet
@@ -10,6 +11,7 @@ from django.http import HttpRequest
 from jobs import services
 from jobs.login_forms import RateLimitedAdminLoginForm
 from jobs.models import (
+    GPUS_EXAMPLE,
     ApiToken,
     GpuAllocation,
     Job,
@@ -24,6 +26,7 @@ from jobs.models import (
     UserLimit,
     VirtualCluster,
 )
+from jobs.services.nodes import node_address_clash
 
 # The admin's login counts failures like the portal's own login (one limit).
 admin.site.login_form = RateLimitedAdminLoginForm
@@ -56,11 +59,42 @@ class UserLimitAdmin(admin.ModelAdmin):
         return limit.user.username if limit.user else "(every user: the default)"
 
 
+class NodeAdminForm(forms.ModelForm):
+    """Node.clean keeps `gpus` and the port range as an agent registers
+    them; the address is checked here as the agent checks its --address
+    (a service's rule, which the model cannot import)."""
+
+    class Meta:
+        model = Node
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if "gpus" in self.fields:
+            self.fields["gpus"].help_text = f"As the node agent registers them, e.g. {GPUS_EXAMPLE}; [] for none."
+
+    def clean_address(self) -> str:
+        address = self.cleaned_data["address"]
+        clash = node_address_clash(address)
+        if clash:
+            raise forms.ValidationError(f"address: {clash}")
+        return address
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
+    form = NodeAdminForm
     list_display = ("name", "address", "status", "schedulable", "cpus", "memory_mb", "gpu_summary", "gpus_simulated", "last_heartbeat")
     list_filter = ("status", "schedulable", "gpus_simulated")
-    readonly_fields = ("engine_id", "last_heartbeat", "registered_at", "agent_pid", "agent_host")
+    # engine_marker decides which nodes share an engine (and its networks): the agent's to say.
+    readonly_fields = ("engine_id", "engine_marker", "last_heartbeat", "registered_at", "agent_pid", "agent_host")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Node | None = None) -> tuple[str, ...]:
+        """A node keeps its name: its agent registers by name and takes its
+        tasks from the queue named after it, so a renamed row would get
+        tasks nobody starts (and the agent a second row)."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields + ("name",) if obj is not None else fields
 
     @admin.display(description="GPUs")
     def gpu_summary(self, node: Node) -> str:

@@ -80,6 +80,22 @@ def judge(spec: JobSpec, results: list[TaskResult]) -> Verdict | None:
         if ignored:
             names = ", ".join(f"{r.role}-{r.index}" for r in ignored[:5])
             return Verdict(Outcome.SUCCEEDED, f"all tasks completed; {_plural(len(ignored), 'task')} failed ({names}) "
-                                              "without failing the job because minFailedTaskCount is null")
+                                              f"without failing the job because {_why_failures_were_kept(spec, ignored)}")
         return Verdict(Outcome.SUCCEEDED, "all tasks succeeded")
     return None
+
+
+def _why_failures_were_kept(spec: JobSpec, failed: list[TaskResult]) -> str:
+    """Each failing role's own rule: null, or a count its failures stayed below."""
+    reasons = []
+    for role in spec.task_roles:
+        count = sum(1 for r in failed if r.role == role.name)
+        if not count:
+            continue
+        if role.min_failed_task_count is None:
+            reasons.append("minFailedTaskCount is null" if len(spec.task_roles) == 1
+                           else f"role {role.name}'s minFailedTaskCount is null")
+        else:
+            reasons.append(f"{_plural(count, 'failure')} of role {role.name} stayed below its "
+                           f"minFailedTaskCount ({role.min_failed_task_count})")
+    return "; ".join(reasons)

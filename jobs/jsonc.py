@@ -80,7 +80,7 @@ class Positions:
             parent = entry
             if rest.startswith("["):
                 close = rest.find("]")
-                if close < 0 or not isinstance(entry.children, list) or not rest[1:close].isdigit():
+                if close < 0 or not isinstance(entry.children, list) or not (rest[1:close].isascii() and rest[1:close].isdigit()):
                     return None
                 index = int(rest[1:close])
                 entry = entry.children[index] if index < len(entry.children) else None

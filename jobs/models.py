@@ -7,16 +7,18 @@ State changes go through jobs/services.py with conditional UPDATEs.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.spec import JobSpec
+from jobs.spec import GPU_TYPE_RE, MAX_GPU_TYPE_LENGTH, JobSpec
 
 
 class UsernameValidator(RegexValidator):
@@ -125,6 +127,66 @@ class UserLimit(models.Model):
         return f"{self.user or 'every user'} in {self.virtual_cluster}"
 
 
+# A node's GPUs as its agent registers them (node_agent: detect_gpus, --gpus).
+# Every reader of Node.gpus (the scheduler, the Nodes, Submit and admin
+# pages, metrics) takes this shape for granted, so an admin's edit must keep it.
+GPUS_EXAMPLE = '[{"index": 0, "type": "V100"}, {"index": 1, "type": "V100"}]'
+GPU_KEYS = frozenset({"index", "type"})
+# The host ports a node may give tasks, as node_agent --ports takes them.
+NODE_PORTS = (1024, 65535)
+
+
+def _shown_json(value: object) -> str:
+    return json.dumps(value)[:80]
+
+
+def _gpu_problem(gpu: object, seen: set[int]) -> str | None:
+    """What is wrong with one entry of Node.gpus, or None."""
+    if not isinstance(gpu, dict) or set(gpu) != GPU_KEYS:
+        return f'expected {{"index": <number>, "type": "<GPU type>"}} with just those keys, not {_shown_json(gpu)}'
+    index, kind = gpu["index"], gpu["type"]
+    # bool is an int to Python, but true/false is no GPU number.
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return f'"index" must be the GPU\'s number on the node (0, 1, ...), not {_shown_json(index)}'
+    if index in seen:
+        return f'"index" {index} is listed twice; each GPU goes in once'
+    # A type no job's gpuType could name would be a GPU nobody can use.
+    if not isinstance(kind, str) or not GPU_TYPE_RE.match(kind) or len(kind) > MAX_GPU_TYPE_LENGTH:
+        return (f'"type" must be a GPU type as a job\'s gpuType names it (1 to 64 letters, digits, - . _; '
+                f"e.g. V100), not {_shown_json(kind)}")
+    return None
+
+
+def validate_node_gpus(gpus: object) -> None:
+    """Raises ValidationError unless `gpus` has the shape a node agent
+    registers: a list of {"index": n, "type": "V100"}, each index once.
+    Its code is its own: a ModelForm puts its field's message in place of
+    a model error whose code the field knows ("invalid": "Enter a valid JSON.")."""
+    if not isinstance(gpus, list):
+        raise ValidationError(f"gpus must be a list of GPUs such as {GPUS_EXAMPLE} (or [] for none), "
+                              f"not {_shown_json(gpus)}", code="gpus_shape")
+    seen: set[int] = set()
+    for number, gpu in enumerate(gpus, start=1):
+        problem = _gpu_problem(gpu, seen)
+        if problem:
+            raise ValidationError(f"gpus, GPU {number} of the list: {problem}", code="gpus_shape")
+        seen.add(gpu["index"])
+
+
+def node_port_range_errors(port_start: int | None, port_end: int | None) -> dict[str, str]:
+    """Field -> message for a port range no task could use: outside what the
+    agent takes, or empty (its end before its start)."""
+    low, high = NODE_PORTS
+    errors = {}
+    for field, port in (("port_start", port_start), ("port_end", port_end)):
+        if port is not None and not low <= port <= high:
+            errors[field] = f"{field} must be a port from {low} to {high} (as node_agent --ports takes), not {port}"
+    if not errors and port_start is not None and port_end is not None and port_end < port_start:
+        errors["port_end"] = (f"port_end must be at or after port_start ({port_start}), not {port_end}: "
+                              f"the range {port_start}-{port_end} holds no port")
+    return errors
+
+
 class Node(models.Model):
     class Status(models.TextChoices):
         READY = "READY", "ready"
@@ -167,6 +229,20 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """What an admin edits must stay what an agent registers: every page
+        and the scheduler read `gpus` and the port range as the agent wrote them."""
+        if self.gpus is None:  # the admin's JSON box left empty
+            self.gpus = []
+        errors: dict[str, list] = {field: [message] for field, message
+                                   in node_port_range_errors(self.port_start, self.port_end).items()}
+        try:
+            validate_node_gpus(self.gpus)
+        except ValidationError as exc:
+            errors["gpus"] = exc.error_list
+        if errors:
+            raise ValidationError(errors)
 
     @property
     def queue_name(self) -> str:

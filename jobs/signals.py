@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 from django.core.signals import request_finished, request_started
 from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
@@ -37,6 +37,10 @@ def _saved(sender: type, created: bool, update_fields: frozenset[str] | None, **
 @receiver(post_delete, sender=User)
 @receiver(post_delete, sender=ApiToken)
 @receiver(post_delete, sender=VirtualCluster)
+# Deleting a group or a permission removes memberships and grants by
+# cascade, which sends no m2m_changed: a group that made its members admins.
+@receiver(post_delete, sender=Group)
+@receiver(post_delete, sender=Permission)
 def _deleted(sender: type, **kwargs: Any) -> None:
     permissions_memo.permissions_changed()
 

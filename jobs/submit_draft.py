@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import services, storage
+from jobs import jsonc, services, storage
 from jobs.formatting import mb_share, num, percent_of, plural
 from jobs.models import Job, Node, User, VirtualCluster
 from jobs.services import limits
@@ -203,11 +203,19 @@ def converted_text(check: DraftCheck) -> tuple[str | None, str]:
 
 
 def form_text(form_json: str) -> tuple[str | None, list[str]]:
-    """The v2 YAML for the form's fields (posted as JSON) of a v2 draft."""
+    """The v2 YAML for the form's fields (posted as JSON) of a v2 draft, or
+    (None, what cannot be said in v2; the caller words it as "v2 has no
+    place for ...").
+
+    Read by the v1 config reader, as the form's fields are a v1-shaped
+    config: the same 32-level nesting limit (deeper would crash
+    `json.loads` or the YAML writer), and no NUL or half surrogate pair,
+    which the YAML written from them could not carry either."""
     try:
-        value, cannot = convert.form_as_v2(json.loads(form_json))
-    except ValueError:
-        return None, ["the form's fields did not arrive as JSON"]
+        fields = jsonc.loads(form_json).value
+    except jsonc.JsoncSyntaxError as exc:
+        return None, [f"form fields that do not read as JSON ({exc})"]
+    value, cannot = convert.form_as_v2(fields)
     return (convert.v2_text(value), []) if value is not None else (None, cannot)
 
 

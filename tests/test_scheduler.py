@@ -207,6 +207,19 @@ def test_a_null_min_failed_task_count_never_fails_the_job():
     assert verdict.outcome == Outcome.SUCCEEDED and "minFailedTaskCount is null" in verdict.reason
 
 
+def test_the_reason_names_each_role_s_own_rule_for_the_failures_it_kept():
+    spec = spec_of(role_cfg("w", 2, minFailedTaskCount=2))
+    verdict = judge(spec, results(("w", 0, "FAILED"), ("w", 1, "SUCCEEDED")))
+    assert verdict.outcome == Outcome.SUCCEEDED
+    assert verdict.reason == ("all tasks completed; 1 task failed (w-0) without failing the job because "
+                              "1 failure of role w stayed below its minFailedTaskCount (2)")
+    spec = spec_of(role_cfg("ps", 1, minFailedTaskCount=None), role_cfg("w", 3, minFailedTaskCount=3))
+    verdict = judge(spec, results(("ps", 0, "FAILED"), ("w", 0, "FAILED"), ("w", 1, "FAILED"), ("w", 2, "SUCCEEDED")))
+    assert verdict.reason == ("all tasks completed; 3 tasks failed (ps-0, w-0, w-1) without failing the job because "
+                              "role ps's minFailedTaskCount is null; "
+                              "2 failures of role w stayed below its minFailedTaskCount (3)")
+
+
 def test_min_failed_task_count_waits_for_that_many_failures():
     spec = spec_of(role_cfg("w", 3, minFailedTaskCount=2))
     assert judge(spec, results(("w", 0, "FAILED"), ("w", 1, None), ("w", 2, None))) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.csrf import csrf_exempt
 
+from jobs import jsonc
 from jobs.api.auth import Access, authenticate
 from jobs.api.errors import ApiError, error_response, invalid
 from jobs.services import SubmitError
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[..., HttpResponse]
 ALLOWED_REQUEST_HEADERS = "Authorization, Content-Type, X-CSRFToken"
 EXPOSED_HEADERS = "Location, Link, X-Total-Count, Retry-After"
+# As deep as a job config may nest (jobs/jsonc.py): no API body needs more.
+MAX_BODY_DEPTH = jsonc.MAX_DEPTH
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 def handler(access: Access) -> Callable[[Handler], Handler]:
@@ -123,18 +128,54 @@ def json_body(request: HttpRequest) -> dict[str, Any]:
     content_type = request.content_type or ""
     stripped = raw.lstrip()
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data") and not stripped.startswith(b"{"):
-        return {key: request.POST.get(key) for key in request.POST}
+        form = {key: request.POST.get(key) for key in request.POST}
+        _check_body(form)  # a form's "%00" is a NUL too
+        return form
     if not stripped:
         return {}
     try:
         value = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise invalid("The request body is not UTF-8 text.") from None
+    except RecursionError:  # the C decoder recurses once per level: "[" * 100000 gets here
+        raise invalid(f"The request body is nested more than {MAX_BODY_DEPTH} levels deep.") from None
     except ValueError as exc:
         raise invalid(f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(value, dict):
         raise invalid(f"The request body must be a JSON object, got {type(value).__name__}.")
+    _check_body(value)
     return value
+
+
+def _check_body(body: dict[str, Any]) -> None:
+    """Refuse what decodes but cannot be stored or handled later, naming
+    where it is: nesting past MAX_BODY_DEPTH (as the job config reader does),
+    and strings, keys or values, holding a NUL or half of a surrogate pair
+    (JSON's "\\ud800" escape decodes to one; the database cannot store
+    either). Walked with a stack, not recursion, so depth cannot crash it."""
+    pending: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while pending:
+        value, path, depth = pending.pop()
+        if isinstance(value, str):
+            _check_body_text(value, path or "the request body")
+            continue
+        if isinstance(value, (dict, list)) and depth > MAX_BODY_DEPTH:
+            raise invalid(f"The request body is nested more than {MAX_BODY_DEPTH} levels deep (at {path}).")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else key
+                _check_body_text(key, f"a key in {path or 'the request body'}")
+                pending.append((item, child, depth + 1))
+        elif isinstance(value, list):
+            pending.extend((item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value))
+
+
+def _check_body_text(text: str, where: str) -> None:
+    # The words of jobs/jsonc.py, which refuses the same in job configs.
+    if "\x00" in text:
+        raise invalid(f"{where}: strings may not contain the NUL character (\\u0000).")
+    if _SURROGATE_RE.search(text):
+        raise invalid(f"{where}: string holds half of a unicode surrogate pair; send whole characters.")
 
 
 def string_param(params: dict[str, Any], name: str, *, required: bool = True, max_length: int = 256) -> str | None:

@@ -19,6 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 from django.http import QueryDict
 
+from jobs.ids import parse_id
 from jobs.models import Job, JobFacts, JobTag, State, User, VirtualCluster
 
 PER_PAGE = 50
@@ -200,8 +201,9 @@ def _searched(jobs, owner: Q, q: str):
     # own entries of the (owner, name) index are as many as their jobs.
     indexed = vendor == "sqlite" and len(q) >= 3 and not owner
     match = Q(pk__in=RawSQL(SQLITE_NAME_SEARCH, [_fts_phrase(q)])) if indexed else Q(name__icontains=q)
-    if q.lstrip("#").isdigit():
-        match |= Q(pk=int(q.lstrip("#")))
+    job_id = parse_id(q.lstrip("#"))
+    if job_id is not None:
+        match |= Q(pk=job_id)
     if vendor == "sqlite" and not indexed:
         # Matched as a subquery: SQLite reads names from an index alone (the
         # (owner, name) one when one user's jobs are listed: only theirs),

@@ -50,9 +50,32 @@ def user_create(*, username: str, password: str, admin: bool = False) -> User:
     return user
 
 
+ADMIN_PERMISSION = ("jobs", "administer_portal")
+
+
+def check_admin_change(*, user: User, admin: bool) -> None:
+    """Admin rights held through a group are the group's to give: taking
+    them away from the user alone is refused rather than answered as done."""
+    if admin:
+        return
+    app_label, codename = ADMIN_PERMISSION
+    groups = sorted(user.groups.filter(permissions__content_type__app_label=app_label,
+                                       permissions__codename=codename).values_list("name", flat=True))
+    if groups:
+        raise UserError("ConflictUserError", f"User {user.username} is an admin through the group(s) "
+                                             f"{', '.join(groups)}; take them out of it in the admin site first.")
+
+
 def user_update(*, user: User, admin: bool) -> User:
-    user.is_staff = user.is_superuser = admin
-    user.save(update_fields=["is_staff", "is_superuser"])
+    """Make `user` an admin or not. Taking it away also takes the explicit
+    permission, which makes an admin as superuser does (User.is_admin)."""
+    check_admin_change(user=user, admin=admin)
+    with transaction.atomic():
+        user.is_staff = user.is_superuser = admin
+        user.save(update_fields=["is_staff", "is_superuser"])
+        if not admin:
+            user.user_permissions.remove(*user.user_permissions.filter(
+                content_type__app_label=ADMIN_PERMISSION[0], codename=ADMIN_PERMISSION[1]))
     return user
 
 

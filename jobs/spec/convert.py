@@ -166,8 +166,17 @@ def form_as_v2(config: Any) -> tuple[dict[str, Any] | None, list[str]]:
     for index, role in enumerate(roles):
         converted, role_cannot = _role_as_v2(index, role)
         cannot += role_cannot
-        if isinstance(role, dict):
-            v2_roles[str(role.get("name"))] = converted
+        name = role.get("name") if isinstance(role, dict) else None
+        if not isinstance(name, str):
+            continue  # named in role_cannot
+        if name in v2_roles:  # a v2 mapping would keep only the last of them
+            cannot.append(f'taskRoles[{index}].name (a second task role named "{name}")')
+        v2_roles[name] = converted
+    extras = config.get("extras")
+    if extras in (None, "", []):
+        extras = {}
+    elif not isinstance(extras, dict):
+        cannot.append("extras (not an object)")
     if cannot:
         return None, list(dict.fromkeys(cannot))
     value: dict[str, Any] = {"protocolVersion": 2, "name": config.get("jobName"), "type": "job"}
@@ -178,7 +187,7 @@ def form_as_v2(config: Any) -> tuple[dict[str, Any] | None, list[str]]:
     value["taskRoles"] = v2_roles
     if config.get("virtualCluster"):
         value["defaults"] = {"virtualCluster": config["virtualCluster"]}
-    extras = dict(config.get("extras") or {})
+    extras = dict(extras)
     if config.get("gpuType"):
         extras["gpuType"] = config["gpuType"]
     if extras:
@@ -191,18 +200,26 @@ def _role_as_v2(index: int, role: Any) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(role, dict):
         return {}, [f"{where} (not an object)"]
     cannot = [f"{where}.{key}" for key in role if key not in _V1_ROLE and not _default_completion(key, role[key])]
+    # The name becomes a mapping key and the command a list item: a wrong
+    # type would be turned into something else, not reported.
+    if not isinstance(role.get("name"), str):
+        cannot.append(f"{where}.name ({'missing' if role.get('name') is None else 'not a string'})")
+    command = "" if role.get("command") is None else role["command"]
+    if not isinstance(command, str):
+        cannot.append(f"{where}.command (not a string)")
     converted: dict[str, Any] = {"instances": role.get("taskNumber", 1), "dockerImage": IMAGE_PREREQUISITE}
     resources = {"cpu": role.get("cpuNumber"), "memoryMB": role.get("memoryMB"), "gpu": role.get("gpuNumber", 0)}
     ports = role.get("portList") or []
-    if isinstance(ports, list) and all(isinstance(p, dict) and p.get("beginAt", 0) == 0 for p in ports):
-        if ports:
-            resources["ports"] = {str(p.get("label")): p.get("portNumber") for p in ports}
-    else:
+    if not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports):
+        cannot.append(f"{where}.portList (not a list of objects)")
+    elif any(p.get("beginAt", 0) != 0 for p in ports):
         cannot.append(f"{where}.portList (fixed ports: beginAt other than 0)")
+    elif ports:
+        resources["ports"] = {str(p.get("label")): p.get("portNumber") for p in ports}
     converted["resourcePerInstance"] = resources
     if role.get("shmMB") is not None:
         converted["extraContainerOptions"] = {"shmMB": role["shmMB"]}
-    converted["commands"] = [role.get("command") if isinstance(role.get("command"), str) else ""]
+    converted["commands"] = [command]
     return converted, cannot
 
 

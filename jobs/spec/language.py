@@ -22,8 +22,15 @@ JOB_NAME_RE = re.compile(r"^[A-Za-z0-9\-._~]+\Z")
 ROLE_NAME_RE = re.compile(r"^[A-Za-z0-9._~]+\Z")
 LABEL_RE = ROLE_NAME_RE
 VC_NAME_RE = re.compile(r"^[A-Za-z0-9_]+\Z")
+GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9\-._]+\Z")  # at most MAX_GPU_TYPE_LENGTH
+MAX_GPU_TYPE_LENGTH = 64
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 BOOLEAN_ENVS = ("isDebug", "paiAzRDMA")
+# Variables outside PAI_ that every task gets from the platform (jobs/environment.py):
+# a jobEnvs entry of that name is replaced, so the config is warned.
+PLATFORM_ENVS = {
+    "NVIDIA_VISIBLE_DEVICES": "set by the platform from the task's GPUs; this value is replaced",
+}
 
 JOB_FIELDS = (
     "jobName", "image", "authFile", "dataDir", "outputDir", "codeDir", "virtualCluster",

@@ -54,7 +54,7 @@ def lookup(value: Any, path: str) -> tuple[bool, Any]:
     for step in _steps(path):
         if isinstance(value, dict) and step in value:
             value = value[step]
-        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+        elif isinstance(value, list) and step.isascii() and step.isdigit() and int(step) < len(value):
             value = value[int(step)]
         else:
             return False, None

@@ -12,7 +12,7 @@ from jobs.jsonc import Positions
 from jobs.spec.language import (
     MAX_TASKS_PER_JOB, MAX_TASK_NUMBER, MAX_CPU_NUMBER, MAX_MEMORY_MB, MAX_GPU_NUMBER, MAX_PORT_NUMBER,
     MAX_RETRY_COUNT, MAX_NAME_LENGTH, JOB_NAME_RE, ROLE_NAME_RE, LABEL_RE, VC_NAME_RE, ENV_NAME_RE,
-    BOOLEAN_ENVS, JOB_FIELDS, JOB_KEPT_FIELDS, ROLE_FIELDS, ROLE_KEPT_FIELDS, PORT_FIELDS, DIR_FIELDS, Scalar,
+    GPU_TYPE_RE, MAX_GPU_TYPE_LENGTH, BOOLEAN_ENVS, PLATFORM_ENVS, JOB_FIELDS, JOB_KEPT_FIELDS, ROLE_FIELDS, ROLE_KEPT_FIELDS, PORT_FIELDS, DIR_FIELDS, Scalar,
     V2_ONLY_JOB_KEYS, V2_ONLY_ROLE_KEYS, SpecProblem, PortSpec, TaskRoleSpec, JobSpec, substitute,
     default_output_dir,
 )
@@ -185,8 +185,8 @@ class _Validator:
             dirs[key] = raw
         vc = self.string(value, "virtualCluster", "", required=False, pattern=VC_NAME_RE,
                          pattern_help="letters, digits and _ (pattern ^[A-Za-z0-9_]+$)", max_length=64)
-        gpu_type = self.string(value, "gpuType", "", required=False, max_length=64,
-                               pattern=re.compile(r"^[A-Za-z0-9\-._]+\Z"), pattern_help="a GPU type name like V100")
+        gpu_type = self.string(value, "gpuType", "", required=False, max_length=MAX_GPU_TYPE_LENGTH,
+                               pattern=GPU_TYPE_RE, pattern_help="a GPU type name like V100")
         retry = self.integer(value, "retryCount", "", required=False, minimum=0, maximum=MAX_RETRY_COUNT, default=0)
         kill_all = self.integer(value, "killAllOnCompletedTaskNumber", "", required=False, minimum=0,
                                 maximum=MAX_TASKS_PER_JOB, default=None, nullable=True)
@@ -199,7 +199,9 @@ class _Validator:
         if kill_all is not None and roles:
             total = sum(r.task_number for r in roles)
             if kill_all > total:
-                self.error("killAllOnCompletedTaskNumber", f"expected at most the job's task count ({total}), got {kill_all}")
+                # OpenPAI takes it (no upper bound in its schema); it simply never triggers.
+                self.warn("killAllOnCompletedTaskNumber", f"the job has only {total} tasks, so {kill_all} completed "
+                          "tasks never happen; the job ends when its tasks do")
         if self.problem_count or job_name is None or image is None or roles is None or envs is None or extras is None:
             return None
         output_dir = dirs["outputDir"] or default_output_dir(
@@ -332,9 +334,14 @@ class _Validator:
                 if not isinstance(item, bool):
                     self.error(where, f"expected true or false, got {_describe(item)}")
                     continue
+                if key == "paiAzRDMA" and item:
+                    self.warn(where, "Azure RDMA devices are not given to containers here; "
+                              "the task only sees the variable")
             elif isinstance(item, (dict, list)):
                 self.error(where, f"expected a string, number, boolean or null, got {_describe(item)}")
                 continue
+            if key in PLATFORM_ENVS:
+                self.warn(where, PLATFORM_ENVS[key])
             result[key] = item
         return result
 

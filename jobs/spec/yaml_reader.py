@@ -24,13 +24,19 @@ import yaml
 from yaml.composer import Composer
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.parser import Parser
-from yaml.reader import Reader
+from yaml.reader import Reader, ReaderError
 from yaml.resolver import BaseResolver
 from yaml.scanner import Scanner
 
 MAX_DEPTH = 32
 MAX_EXPANDED_NODES = 20_000
 MAX_ALIASES = 1_000
+
+# What "\0" and "\ud800" in double quotes decode to (a raw NUL or half of a
+# pair never gets past PyYAML's Reader); worded as jobs/jsonc.py words them.
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+_NUL_MESSAGE = "strings may not contain the NUL character (\\u0000)"
+_SURROGATE_MESSAGE = "string holds half of a unicode surrogate pair"
 
 _TAG = "tag:yaml.org,2002:"
 _PLAIN_TAGS = {_TAG + kind for kind in ("str", "int", "float", "bool", "null", "map", "seq", "merge")}
@@ -137,7 +143,13 @@ class YamlDocument:
 def load(text: str) -> YamlDocument:
     """One YAML document as plain values (dict, list, str, int, float, bool,
     None) and where each is. Raises YamlProblem."""
-    loader = _Loader(text)
+    positions = Positions(text)
+    try:
+        # PyYAML's Reader checks every character of the text as it is made:
+        # a control character (\x01, \x1b, a raw NUL ...) fails here.
+        loader = _Loader(text)
+    except ReaderError as exc:
+        raise YamlProblem(_unacceptable(exc.character), *positions.where(exc.position)) from None
     try:
         root = loader.get_single_node()
     except YamlProblem:
@@ -155,9 +167,17 @@ def load(text: str) -> YamlDocument:
     if root is None:
         raise YamlProblem("the config is empty")
     _check_size(root)
-    positions = Positions(text)
     value = _Builder(positions).value(root, "")
     return YamlDocument(value=value, positions=positions, root=root, anchored=loader.anchored)
+
+
+def _unacceptable(character: int | str) -> str:
+    """PyYAML's words for a character YAML does not allow, without the text
+    around it (it may be a secret)."""
+    code = character if isinstance(character, int) else ord(character)
+    if code == 0:
+        return "invalid YAML: the config may not contain the NUL character (\\u0000)"
+    return f"invalid YAML: unacceptable character #x{code:04x}: special characters are not allowed"
 
 
 def _check_size(root: Node) -> None:
@@ -197,7 +217,7 @@ class _Builder:
         if node.tag not in _PLAIN_TAGS:
             raise YamlProblem(f"the tag {node.tag} is not allowed here; write plain values", *_mark(node.start_mark))
         if isinstance(node, ScalarNode):
-            return _scalar(node)
+            return _scalar(node, _text(node))
         if isinstance(node, SequenceNode):
             return [self.value(item, f"{path}[{index}]") for index, item in enumerate(node.value)]
         return self.mapping(node, path)
@@ -211,7 +231,7 @@ class _Builder:
                 continue
             if not isinstance(key_node, ScalarNode):
                 raise YamlProblem("a key must be plain text, not a list or mapping", *_mark(key_node.start_mark))
-            key = key_node.value
+            key = _text(key_node)
             if key in result:
                 raise YamlProblem(f'duplicate key "{key}"', *_mark(key_node.start_mark))
             child = f"{path}.{key}" if path else key
@@ -229,8 +249,24 @@ class _Builder:
         return merged
 
 
-def _scalar(node: ScalarNode) -> Any:
-    text, tag = node.value, node.tag
+def _text(node: ScalarNode) -> str:
+    """A scalar's text, refusing what a double-quoted escape can make but the
+    database cannot store (its JSON and text take neither), in the words of
+    jobs/jsonc.py, which refuses the same in v1 configs. PyYAML leaves
+    "\\ud83d\\ude00" as two halves; as JSON does, a whole pair is one character."""
+    text = node.value
+    if "\x00" in text:
+        raise YamlProblem(_NUL_MESSAGE, *_mark(node.start_mark))
+    if _SURROGATE_RE.search(text):
+        try:
+            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+        except UnicodeDecodeError:
+            raise YamlProblem(_SURROGATE_MESSAGE, *_mark(node.start_mark)) from None
+    return text
+
+
+def _scalar(node: ScalarNode, text: str) -> Any:
+    tag = node.tag
     if tag == _TAG + "null":
         return None
     if tag == _TAG + "bool":

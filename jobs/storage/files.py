@@ -75,8 +75,12 @@ def folder_open(reader: Reader, path: str) -> Folder:
 
 
 def _name(name: str, what: str) -> str:
-    """A relative name typed or sent by the browser: no `..`, not empty."""
-    relative = paths.normalize("/" + name.replace("\\", "/"))
+    """A relative name typed or sent by the browser: no `..`, not empty, not
+    deeper than a storage path may be. Refusals say which name it was."""
+    try:
+        relative = paths.normalize("/" + name.replace("\\", "/"), typed=name)
+    except StorageError as exc:
+        raise StorageError(f"the {what} name {exc}") from None
     if relative == paths.ROOT:
         raise StorageError(f"the {what} name is empty")
     return relative.lstrip("/")

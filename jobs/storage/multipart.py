@@ -28,6 +28,10 @@ from django.utils.http import parse_header_parameters
 MAX_HEADER_BYTES = 8 * 1024  # one part's headers together
 # RFC 2046: 1 to 70 characters; Django accepts up to 200 printable ones.
 _BOUNDARY = re.compile(r"^[ -~]{0,199}[!-~]$")
+# RFC 2231 parameters (filename*=UTF-8''%e2%82%ac.txt) and the plain name,
+# found again only to say which part and parameter a refusal is about.
+_ENCODED_PARAM = re.compile(r";\s*([^;=\s]+)\*\s*=")
+_NAME_PARAM = re.compile(r';\s*name\s*=\s*(?:"([^"]*)"|([^;\s]*))', re.IGNORECASE)
 
 
 class MultipartError(ValueError):
@@ -59,6 +63,8 @@ class FilePart:
 
 def boundary_of(content_type: str) -> bytes:
     """The boundary a Content-Type header names, checked."""
+    # An undecodable boundary*= never gets here: Django's request parses the
+    # Content-Type first (and raises ValueError there).
     kind, params = parse_header_parameters(content_type)
     if kind != "multipart/form-data":
         raise MultipartError(f"the body must be multipart/form-data, not {kind or 'unnamed'}")
@@ -109,7 +115,7 @@ class MultipartReader:
 
     def _part(self) -> Field | FilePart | None:
         headers = self._headers()
-        disposition, params = parse_header_parameters(headers.get("content-disposition", ""))
+        disposition, params = _parameters(headers.get("content-disposition", ""))
         name = params.get("name")
         if disposition != "form-data" or name is None:
             raise MultipartError('every part needs a header "Content-Disposition: form-data; name=..."')
@@ -224,6 +230,23 @@ class MultipartReader:
                 raise MultipartError(f"{what} are longer than {limit // 1024} KB")
             if not self._join_next():
                 raise MultipartError(f"the body ended inside {what}")
+
+
+def _parameters(disposition: str) -> tuple[str, dict[str, str]]:
+    """A part's Content-Disposition and its parameters. An RFC 2231 value
+    (filename*=charset'lang'%-encoded) is decoded with the charset it names:
+    one Python does not know (ValueError), or a codec that cannot decode the
+    bytes (idna, punycode: UnicodeError, a ValueError) is the client's
+    mistake, not ours. LookupError too, in case a codec lookup fails later."""
+    try:
+        return parse_header_parameters(disposition)
+    except (ValueError, LookupError) as exc:
+        encoded = ", ".join(dict.fromkeys(f"{key}*" for key in _ENCODED_PARAM.findall(disposition))) or "a parameter"
+        found = _NAME_PARAM.search(disposition)
+        part = f"the field {(found.group(1) or found.group(2))!r}" if found else "a part"
+        raise MultipartError(f"{part} has a Content-Disposition whose {encoded} cannot be decoded ({exc}); "
+                             "expected filename=\"<name>\" or filename*=UTF-8''<the name's UTF-8 bytes, %-encoded>"
+                             ) from None
 
 
 def _safe_end(buf: bytes, pos: int, delimiter: bytes) -> int:

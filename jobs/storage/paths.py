@@ -15,7 +15,8 @@ host path. Users may write any of these (the README has the table):
 On local storage "/alice/code" is STORAGE_LOCAL_ROOT/alice/code: a path can
 never name a host file outside that root. `..` is refused outright rather
 than collapsed, so nobody can be surprised by where a path lands. URIs are
-taken literally (no %-decoding): OpenPAI configs write raw paths.
+taken literally (no %-decoding): OpenPAI configs write raw paths. A path has
+at most MAX_DEPTH parts, whichever backend it is for.
 """
 
 from __future__ import annotations
@@ -29,17 +30,41 @@ from jobs.storage.registry import StorageKind, storage_for_backend
 ROOT = "/"
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Lone surrogates (a form's RFC 2231 file name can decode to them) are no
+# text: no file system can store them, and encoding one for the disk fails.
+_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
+# Parts (folders and the name at the end) a storage path may have. Far more
+# than anyone nests folders, and far below what breaks: Path.mkdir(parents=True)
+# recurses once per missing folder (Python stops at 1,000 frames), the
+# backends' tree walks recurse per level, and HDFS refuses paths deeper than 1,000.
+MAX_DEPTH = 100
+# How much of a refused path a message quotes.
+_SHOWN_CHARS = 80
 
 
 def normalize(path: str, *, typed: str | None = None) -> str:
-    """"/a//b/./c/" -> "/a/b/c". Refuses `..` and control characters;
-    messages quote `typed`, what the user wrote, when given."""
+    """"/a//b/./c/" -> "/a/b/c". Refuses `..`, control characters, lone
+    surrogates and more than MAX_DEPTH parts; messages quote `typed`, what
+    the user wrote, when given."""
     if _CONTROL_RE.search(path):
         raise StorageError(f'"{typed or path}" contains control characters')
+    if _SURROGATE_RE.search(path):
+        raise StorageError(f'"{_shown(typed or path)}" holds characters that are not text (lone UTF-16 surrogates, '
+                           "shown as \ufffd); expected Unicode text")
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise StorageError(f'"{typed or path}" contains "..": write the path without going up a folder')
+    if len(parts) > MAX_DEPTH:
+        raise StorageError(f'"{_shown(typed or path)}" has {len(parts)} parts; a storage path may have at most '
+                           f"{MAX_DEPTH} (its folders and the name at its end)")
     return "/" + "/".join(parts)
+
+
+def _shown(text: str) -> str:
+    """`text` as a message quotes it: the start of a long one, with lone
+    surrogates replaced (a page holding one could not be sent as UTF-8)."""
+    text = _SURROGATE_RE.sub("\ufffd", text)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
 def join(folder: str, *names: str) -> str:

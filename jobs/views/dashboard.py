@@ -12,12 +12,14 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from jobs import services
+from jobs.ids import parse_id
 from jobs.services import dashboard as figures
 
 
 def _hours(request: HttpRequest) -> int:
     raw = request.GET.get("hours", "")
-    return int(raw) if raw.isdigit() and int(raw) in figures.WINDOWS else 24
+    hours = parse_id(raw)
+    return hours if hours in figures.WINDOWS else 24
 
 
 @require_GET

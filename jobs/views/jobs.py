@@ -18,6 +18,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs import services
+from jobs.ids import parse_id
 from jobs.models import ImagePull, Job, JobAttempt, State, Stream, Task, TaskAttempt
 from jobs.services import access, listing, pulls, tags, usage
 from jobs.services.storage_links import job_storage_links
@@ -66,7 +67,7 @@ def _safe_next(request: HttpRequest, default: str) -> str:
 @require_POST
 def bulk_stop(request: HttpRequest) -> HttpResponse:
     """Stop the selected jobs, each checked on its own; say what happened to each."""
-    ids = [int(i) for i in request.POST.getlist("job") if i.isdigit()][:500]
+    ids = [i for i in map(parse_id, request.POST.getlist("job")) if i is not None][:500]
     if not ids:
         messages.info(request, "Select the jobs to stop first (the boxes in the first column).")
     found = {job.pk: job for job in Job.objects.visible_to(request.user).filter(pk__in=ids)}
@@ -141,7 +142,7 @@ def _log_choices(job_attempts: list[JobAttempt], attempts: list[TaskAttempt]) ->
 def _shown_attempt_number(request: HttpRequest, job: Job, job_attempts: list[JobAttempt]) -> int:
     raw = request.GET.get("attempt", "")
     numbers = {a.number for a in job_attempts}
-    if raw.isdigit() and int(raw) in numbers:
+    if parse_id(raw) in numbers:
         return int(raw)
     return job.attempt_number
 

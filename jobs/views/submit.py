@@ -19,6 +19,7 @@ from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods, require_POST
 
 from jobs import forms, services, submit_draft
+from jobs.ids import parse_id
 from jobs.services import ratelimit
 from jobs.spec import SpecError, SpecProblem
 from jobs.views.jobs import job_for_user
@@ -38,9 +39,10 @@ def submit(request: HttpRequest) -> HttpResponse:
 
 def _clone_text(request: HttpRequest, job_id: str) -> str:
     """Clone: the job's config as submitted, with a new name (owner or admin)."""
-    if not job_id.isdigit():
+    number = parse_id(job_id)
+    if number is None:
         raise Http404("no such job")
-    job = job_for_user(request, int(job_id))
+    job = job_for_user(request, number)
     text = submit_draft.clone_text(job, submit_draft.clone_name(request.user, job))
     query = {key: request.GET[key] for key in submit_draft.DIR_PREFILL_FIELDS if request.GET.get(key)}
     value = submit_draft.decoded(text) if query else None

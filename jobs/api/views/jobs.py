@@ -21,7 +21,7 @@ from jobs.api.errors import ApiError, forbidden, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, json_body, ok, optional_int_param, resource
 from jobs.models import Job, Task, User
 from jobs.services import listing, ratelimit
-from jobs.spec import decode_text
+from jobs.spec import decode_text, protocol_of, yaml_reader
 
 MAX_PAGE = 1000
 
@@ -114,6 +114,8 @@ def _with_name(body: bytes, name: str) -> str:
     """PUT names the job in its path: the config may leave jobName out, and
     must not contradict the path."""
     text = decode_text(body)
+    if protocol_of(text) == 2:
+        return _v2_with_name(text, name)
     try:
         value = jsonc.loads(text).value
     except jsonc.JsoncSyntaxError:
@@ -125,6 +127,28 @@ def _with_name(body: bytes, name: str) -> str:
         return json.dumps({"jobName": name, **value})
     if given != name:
         raise invalid(f'jobName "{given}" in the config differs from "{name}" in the path.')
+    return text
+
+
+def _v2_with_name(text: str, name: str) -> str:
+    """A v2 config (YAML, or JSON with protocolVersion) names its job in
+    `name`. Left out of JSON it is filled in as for v1; YAML is kept as
+    typed (its comments with it), so there the schema's own rule applies:
+    the parser says `name` is required."""
+    try:
+        value, is_json = jsonc.loads(text).value, True
+    except jsonc.JsoncSyntaxError:
+        try:
+            value, is_json = yaml_reader.load(text).value, False
+        except yaml_reader.YamlProblem:
+            return text  # the parser reports it, with its line and column
+    if not isinstance(value, dict):
+        return text
+    given = value.get("name")
+    if given is None and is_json:
+        return json.dumps({"name": name, **value})
+    if given is not None and given != name:
+        raise invalid(f'name "{given}" in the config differs from "{name}" in the path.')
     return text
 
 
@@ -173,13 +197,18 @@ def _delete(request: HttpRequest, username: str, name: str) -> HttpResponse:
 @handler(Access.USER)
 def _config(request: HttpRequest, username: str, name: str) -> HttpResponse:
     """The config as submitted: its own keys and values, defaults not filled
-    in (comments, which JSON cannot carry, are left out)."""
+    in (comments, which JSON cannot carry, are left out). A v2 job's YAML
+    answers as the same values in JSON, which is what a v1 client reads."""
     job = find_job(request, username, name)
     if not job.config_raw.strip():
         raise ApiError("NoJobConfigError", f"Config of job {name} is not found.")
     try:
         return ok(jsonc.loads(job.config_raw).value)
     except jsonc.JsoncSyntaxError:
+        pass
+    try:
+        return ok(yaml_reader.load(job.config_raw).value)
+    except yaml_reader.YamlProblem:
         raise ApiError("NoJobConfigError", f"Config of job {name} is not found.") from None
 
 

@@ -15,9 +15,10 @@ from django.http import HttpRequest, HttpResponse
 from jobs import services
 from jobs.api import openapi_v2, serializers
 from jobs.api.auth import Access
-from jobs.api.errors import ApiError, invalid
+from jobs.api.errors import ApiError, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, json_body, ok, resource
 from jobs.api.views import jobs as v1
+from jobs.ids import parse_id
 from jobs.models import Job, JobAttempt, JobTag, State, TaskAttempt
 from jobs.services import listing, tags
 from jobs.spec import protocol_of
@@ -139,15 +140,25 @@ def _attempts(request: HttpRequest, username: str, name: str) -> HttpResponse:
 @handler(Access.USER)
 def _attempt(request: HttpRequest, username: str, name: str, number: str) -> HttpResponse:
     job = v1.find_job(request, username, name)
-    attempt = job.attempts.filter(number=int(number)).first() if number.isdigit() and len(number) < 10 else None
+    attempt_number = parse_id(number)
+    attempt = job.attempts.filter(number=attempt_number).first() if attempt_number is not None else None
     if attempt is None:
         raise ApiError("NoJobError", f"Job {name} of user {username} has no attempt {number}.")
     return ok(_attempt_body(request, job, attempt))
 
 
+def _owned_job(request: HttpRequest, username: str, name: str) -> Job:
+    """Tags are the owner's, as on the job page: an admin sees them but
+    changes none, and gets the same 404 as for a job that is not there."""
+    job = v1.find_job(request, username, name)
+    if job.owner_id != request.user.pk:
+        raise no_job(username, name)
+    return job
+
+
 @handler(Access.USER)
 def _tag_add(request: HttpRequest, username: str, name: str) -> HttpResponse:
-    job = v1.find_job(request, username, name)
+    job = _owned_job(request, username, name)
     value = json_body(request).get("value")
     tags.job_tag_add(job=job, value=value)
     return ok({"message": f"Add tag {value} for job {name} successfully."})
@@ -155,7 +166,7 @@ def _tag_add(request: HttpRequest, username: str, name: str) -> HttpResponse:
 
 @handler(Access.USER)
 def _tag_remove(request: HttpRequest, username: str, name: str) -> HttpResponse:
-    job = v1.find_job(request, username, name)
+    job = _owned_job(request, username, name)
     value = json_body(request).get("value")
     tags.job_tag_remove(job=job, value=value)
     return ok({"message": f"Delete tag {value} from job {name} successfully."})

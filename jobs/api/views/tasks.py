@@ -11,6 +11,7 @@ from jobs.api.auth import Access
 from jobs.api.errors import ApiError, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, ok, optional_int_param, resource
 from jobs.api.views.jobs import find_job
+from jobs.ids import parse_id
 from jobs.logs import read_lines
 from jobs.models import ACTIVE_TASK_STATES, Stream, Task, TaskAttempt
 from jobs.services.access import job_private_key, ssh_access, ssh_key_file_name
@@ -63,7 +64,8 @@ def _ssh_key(request: HttpRequest, username: str, name: str) -> HttpResponse:
 
 
 def _task(job_id: int, role: str, index: str) -> Task:
-    task = Task.objects.filter(job_id=job_id, role=role, index=int(index)).first() if index.isdigit() else None
+    number = parse_id(index)
+    task = Task.objects.filter(job_id=job_id, role=role, index=number).first() if number is not None else None
     if task is None:
         raise ApiError("NoTaskError", f"The job has no task {role}-{index}.")
     return task

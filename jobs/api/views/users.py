@@ -45,6 +45,8 @@ def _put(request: HttpRequest) -> HttpResponse:
         target = _user_named(username)
         if target.pk == me.pk and admin is False:
             raise forbidden("You cannot take away your own admin rights.")
+        if admin is not None:
+            users.check_admin_change(user=target, admin=admin)  # refused: the password stays as it was
         if password is not None:
             users.user_change_password(user=target, password=password, by=me, current_password=current_password,
                                        keep_token_key=bearer_key(request))

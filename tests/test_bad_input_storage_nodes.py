@@ -12,13 +12,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import requests
-from django.test import Client, override_settings
+from django.test import Client
 
 from jobs import storage
 from jobs.models import Node
 from jobs.storage import paths
 from jobs.storage.files import UPLOAD_STAGING
+from tests.test_storage import hdfs_server, on_hdfs  # noqa: F401  (fixtures)
 from tests.webhdfs_server import WebHdfsServer
 
 DEEP = "d/" * 1500  # the audit's name: 1,500 folders
@@ -84,24 +84,6 @@ def test_it_refuses_an_upload_whose_relative_name_is_too_deep_and_keeps_nothing(
 
 
 # ------------------------------------------------ the same check on WebHDFS
-
-
-@pytest.fixture(scope="module")
-def hdfs_server():
-    """The protocol server, with the portal's service user ("hdfs") as a
-    proxy user, as the README asks of a cluster."""
-    server = WebHdfsServer(proxy_users=frozenset({"hdfs"})).start()
-    base = f"{server.url}/webhdfs/v1"
-    requests.put(f"{base}/tmp?op=MKDIRS&permission=1777&user.name=hdfs", timeout=5).raise_for_status()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def on_hdfs(hdfs_server):
-    with override_settings(STORAGE_BACKEND="webhdfs", WEBHDFS_URL=hdfs_server.url, WEBHDFS_USER="hdfs",
-                           PAI_DEFAULT_FS_URI="hdfs://namenode:9000"):
-        yield hdfs_server
 
 
 def _deepest_request(server: WebHdfsServer) -> int:

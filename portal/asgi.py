@@ -22,10 +22,10 @@ from portal.http_bridge import ThreadedWSGI  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.core.wsgi import get_wsgi_application  # noqa: E402
 
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from jobs.webports.app import HostRouter, WebPortProxy  # noqa: E402
+from portal.handler import get_wsgi_application  # noqa: E402
 from portal.ws_origin import ExactOriginValidator  # noqa: E402
 
 portal = ProtocolTypeRouter(

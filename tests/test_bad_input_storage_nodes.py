@@ -279,3 +279,13 @@ def test_the_admin_saves_good_values_and_keeps_the_node_name(admin_client, alice
         node.refresh_from_db()
         assert node.gpus == []
     _pages_work(admin_client, alice)
+
+
+@pytest.mark.parametrize("gpu_type", ["V 100", "", "x" * 65, "V100;rm"])
+def test_an_agent_refuses_a_simulated_gpu_type_no_job_could_name(gpu_type) -> None:
+    # The same rule as the admin's: GPUs of such a type could never be asked for.
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--gpu-type"):
+        call_command("node_agent", "--name", f"gpu-type-{uuid.uuid4().hex[:6]}", "--gpus", "1", "--gpu-type", gpu_type)
+    assert not Node.objects.filter(name__startswith="gpu-type-").exists()

@@ -97,3 +97,18 @@ def test_extraction_stops_at_the_first_file_past_the_budget(tmp_path: Path) -> N
     _extract_within(_archive(*[(f"output/f{i}", b"x", 0o644, tarfile.REGTYPE) for i in range(4)]), tmp_path / "n", files)
     assert sorted(p.name for p in (tmp_path / "n/output").iterdir()) == ["f0", "f1"]
     assert files.stopped == "/pai/output/f2 would pass the file limit"
+
+
+def test_a_tree_deeper_than_storage_takes_stops_the_extraction(tmp_path: Path) -> None:
+    # A task may leave a thousand nested folders; nothing that deep could be
+    # uploaded, and Python's own walks of such a tree (rmtree, rglob) recurse
+    # per level. The extraction stops at the first member past the limit.
+    from jobs.storage.paths import MAX_DEPTH
+
+    names = ["output/" + "/".join(["d"] * depth) for depth in range(1, MAX_DEPTH + 30)]
+    stream = _archive(*((name, None, 0o755, tarfile.DIRTYPE) for name in names),
+                      (names[-1] + "/f.txt", b"x", 0o644, tarfile.REGTYPE))
+    with pytest.raises(tarfile.TarError, match=f"more than {MAX_DEPTH} folders deep"):
+        _extract_within(stream, tmp_path, _budget())
+    deepest = max(len(p.relative_to(tmp_path).parts) for p in tmp_path.rglob("*"))
+    assert deepest == MAX_DEPTH

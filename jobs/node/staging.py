@@ -36,6 +36,7 @@ from jobs import storage
 from jobs.models import ExitType, Job
 from jobs.node.launcher import Engine, LaunchError
 from jobs.spec import JobSpec
+from jobs.storage.paths import MAX_DEPTH as MAX_STORAGE_DEPTH
 
 MB = 1024 * 1024
 
@@ -311,6 +312,11 @@ def _member_path(dest: Path, name: str) -> Path:
     parts = [part for part in name.split("/") if part not in ("", ".")]
     if name.startswith("/") or ".." in parts or not parts:
         raise tarfile.TarError(f"/pai/{name}: the archive names a place outside /pai/output")
+    # No storage path is that deep (MAX_STORAGE_DEPTH), and a tree of a
+    # thousand levels would break Python's own walks of it (rmtree, rglob).
+    if len(parts) > MAX_STORAGE_DEPTH:
+        raise tarfile.TarError(f"/pai/{name[:80]}…: more than {MAX_STORAGE_DEPTH} folders deep, "
+                               "deeper than storage takes")
     return dest.joinpath(*parts)
 
 

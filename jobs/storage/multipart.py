@@ -63,9 +63,11 @@ class FilePart:
 
 def boundary_of(content_type: str) -> bytes:
     """The boundary a Content-Type header names, checked."""
-    # An undecodable boundary*= never gets here: Django's request parses the
-    # Content-Type first (and raises ValueError there).
-    kind, params = parse_header_parameters(content_type)
+    try:
+        kind, params = parse_header_parameters(content_type)
+    except ValueError as exc:  # boundary*= naming a charset Python does not know
+        raise MultipartError(f"the Content-Type header cannot be read ({exc}); expected "
+                             'multipart/form-data; boundary="..."') from None
     if kind != "multipart/form-data":
         raise MultipartError(f"the body must be multipart/form-data, not {kind or 'unnamed'}")
     boundary = params.get("boundary", "")

@@ -24,6 +24,7 @@ from jobs.node.agent import AgentConflict, NodeAgent
 from jobs.models import node_name_validator
 from jobs.services import NodeInfo
 from jobs.services.nodes import engine_conflicts_of, node_address_clash, node_address_warning
+from jobs.spec import GPU_TYPE_RE, MAX_GPU_TYPE_LENGTH
 
 
 def detect_gpus() -> list[dict]:
@@ -100,6 +101,11 @@ class Command(BaseCommand):
             node_name_validator(options["name"])
         except Exception:
             raise CommandError(f"--name {options['name']!r}: letters, digits, - _ and . only") from None
+        gpu_type = options["gpu_type"]
+        # A type no job's gpuType can name would be GPUs nobody can ask for.
+        if not GPU_TYPE_RE.match(gpu_type) or len(gpu_type) > MAX_GPU_TYPE_LENGTH:
+            raise CommandError(f"--gpu-type {gpu_type!r}: expected a GPU type as a job's gpuType names it: "
+                               f"1 to {MAX_GPU_TYPE_LENGTH} letters, digits and - . _ (e.g. V100)")
         for address, what in ((options["address"], "--address"), (settings.NODE_WEB_PORT_ADDRESS, "NODE_WEB_PORT_ADDRESS")):
             clash = node_address_clash(address)
             if clash:

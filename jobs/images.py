@@ -14,15 +14,19 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
-# Docker's rule: the first path component names a registry when it holds a
-# "." or a ":" or is "localhost"; otherwise the image is on Docker Hub.
+from jobs.addresses import is_public
+
+# Docker's rule (distribution/reference's splitDockerDomain): the first path
+# component names a registry when it holds a "." or a ":", is "localhost",
+# or has an upper-case letter (repository names are lower case, so
+# "LOCALHOST/x" or "Redis/x" is a host); otherwise the image is on Docker Hub.
 DOCKER_HUB = "docker.io"
 
 
 def registry_of(image: str) -> str:
     """The registry host (with its port, if any) an image reference names."""
     first, sep, _rest = image.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
+    if sep and ("." in first or ":" in first or first == "localhost" or first.lower() != first):
         return first
     return DOCKER_HUB
 
@@ -86,6 +90,9 @@ def registry_refusal(registry: str, *, resolved: Iterable[str] = (), allowed: It
         if address.is_private:
             return (f'the registry "{registry}" is on a private address ({address}); an admin can allow it '
                     "with REGISTRY_ALLOWED")
+        if not is_public(address):  # shared 100.64/10 (a cloud's metadata), reserved, NAT64 of a private one ...
+            return (f'the registry "{registry}" is on an address that is not public ({address}); an admin can '
+                    "allow it with REGISTRY_ALLOWED")
     return None
 
 

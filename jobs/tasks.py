@@ -25,8 +25,8 @@ def stop_task(attempt_id: int) -> None:
 
 
 def notify_job_state(event: dict) -> None:
-    notifications.job_state_notify(event)
+    agent.send_notification(notifications.job_state_notify, event)
 
 
 def deliver_notification(delivery_id: int) -> None:
-    notifications.delivery_try(delivery_id)
+    agent.send_notification(notifications.delivery_try, delivery_id)

@@ -24,10 +24,13 @@ import hmac
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from jobs.addresses import Address, is_public
 
 # In an allowed-networks list: every globally routable address (not
 # loopback, private, link-local with the metadata address, shared, reserved,
@@ -38,8 +41,6 @@ MAX_URL_LENGTH = 2000
 USER_AGENT = "gpu-job-portal-webhook/1"
 _MAX_STATUS_BYTES = 8192
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
 
 def sign(body: bytes, secret: str) -> str:
     """The signature header's value: HMAC-SHA256 of the raw body."""
@@ -49,26 +50,6 @@ def sign(body: bytes, secret: str) -> str:
 # ------------------------------------------------------------------ addresses
 
 
-def _embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one stands for (mapped, 6to4, Teredo)."""
-    if isinstance(address, ipaddress.IPv4Address):
-        return None
-    if address.ipv4_mapped:
-        return address.ipv4_mapped
-    if address.sixtofour:
-        return address.sixtofour
-    if address.teredo:
-        return address.teredo[1]
-    return None
-
-
-def _public(address: Address) -> bool:
-    if not address.is_global or address.is_multicast:
-        return False
-    embedded = _embedded_ipv4(address)
-    return embedded is None or _public(embedded)
-
-
 def address_allowed(address: Address, networks: Sequence[str]) -> bool:
     """Whether a webhook may connect to `address`: it is in one of
     `networks` (CIDRs, or PUBLIC for any globally routable address)."""
@@ -76,7 +57,7 @@ def address_allowed(address: Address, networks: Sequence[str]) -> bool:
     plain = mapped or address
     for entry in networks:
         if entry == PUBLIC:
-            if _public(plain):
+            if is_public(plain):
                 return True
         elif plain in ipaddress.ip_network(entry, strict=False):
             return True
@@ -140,17 +121,37 @@ class Unreachable(Exception):
     """The host could not be resolved or reached now: worth another try."""
 
 
-def resolve(target: Target, networks: Sequence[str]) -> Address:
+def _lookup(target: Target, timeout: float) -> list:
+    """getaddrinfo within `timeout`. It has no timeout of its own: a name
+    server that never answers (the user's own, for their own domain) would
+    hold the delivery for the resolver's every retry. The lookup is left to
+    finish on its own daemon thread."""
+    answer: dict[str, object] = {}
+
+    def look() -> None:
+        try:
+            answer["infos"] = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
+            answer["error"] = exc
+
+    thread = threading.Thread(target=look, name="webhook-lookup", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise Unreachable(f"cannot resolve {target.host}: no answer within {timeout:g} s")
+    if "error" in answer:
+        raise Unreachable(f"cannot resolve {target.host}: {answer['error']}")
+    return answer["infos"]  # type: ignore[return-value]
+
+
+def resolve(target: Target, networks: Sequence[str], *, timeout: float = 30.0) -> Address:
     """The first of the host's addresses that is allowed; Refused naming
     them when none is."""
     literal = literal_address(target.host)
     if literal is not None:
         found = [literal]
     else:
-        try:
-            infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise Unreachable(f"cannot resolve {target.host}: {exc}") from None
+        infos = _lookup(target, timeout)
         found = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
     for address in found:
         if address_allowed(address, networks):
@@ -217,8 +218,13 @@ def post(url: str, body: bytes, headers: dict[str, str], *, networks: Sequence[s
     """POST `body` to `url` once; never raises for what the receiver does."""
     try:
         target = parse_url(url)
-        address = resolve(target, networks)
-        status = _exchange(target, address, _request(target, body, headers), timeout)
+        # One deadline for the lookup and the exchange together.
+        deadline = time.monotonic() + timeout
+        address = resolve(target, networks, timeout=timeout)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        status = _exchange(target, address, _request(target, body, headers), left)
     except Refused as exc:
         return Outcome(False, retry=False, refused=True, message=str(exc))
     except ValueError as exc:

@@ -350,6 +350,8 @@ if PORTAL_URL and not re.match(r"https?://[^/\s]+(/\S*)?\Z", PORTAL_URL):
 # address ...). Checked on the address each delivery connects to.
 WEBHOOK_ALLOWED_NETWORKS = env_network_list("WEBHOOK_ALLOWED_NETWORKS", ["public"], keywords=("public",))
 WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.5)
+# Threads per node agent that send webhooks and e-mails (jobs/node/notifier.py).
+NOTIFY_THREADS = env_int("NOTIFY_THREADS", 4, minimum=1)
 # Waits before each retry of a failed delivery (webhook or e-mail); one try
 # plus one per entry.
 WEBHOOK_RETRY_SECONDS = env_float_list("WEBHOOK_RETRY_SECONDS", [10, 60, 300, 1800, 7200])

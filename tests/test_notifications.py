@@ -19,6 +19,7 @@ import hmac
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -154,12 +155,15 @@ def test_it_signs_the_raw_body_with_hmac_sha256():
     "127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
     "255.255.255.255", "224.0.0.1", "::1", "fe80::1", "fd00:ec2::254", "::ffff:127.0.0.1", "::ffff:10.0.0.1",
     "2002:7f00:1::1", "::",
+    # NAT64: where the network has such a route, these reach the metadata service and a private host.
+    "64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b:1::808:808",
 ])
 def test_the_default_refuses_loopback_private_link_local_and_metadata_addresses(address):
     assert not webhooks.address_allowed(ipaddress.ip_address(address), ["public"])
 
 
-@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2001:4860:4860::8888", "::ffff:8.8.8.8"])
+@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2001:4860:4860::8888", "::ffff:8.8.8.8",
+                                     "64:ff9b::808:808"])
 def test_the_default_allows_public_addresses(address):
     assert webhooks.address_allowed(ipaddress.ip_address(address), ["public"])
 
@@ -233,6 +237,78 @@ def test_a_slow_receiver_is_given_up_at_the_timeout(receiver):
     outcome = webhooks.post(hook.url, b"{}", {}, networks=["127.0.0.0/8"], timeout=0.5)
     assert time.monotonic() - started < 1.5
     assert (outcome.delivered, outcome.retry) == (False, True) and "no answer within 0.5 s" in outcome.message
+
+
+def test_a_name_server_that_never_answers_is_given_up_at_the_timeout(monkeypatch):
+    # getaddrinfo has no timeout of its own; the receiver's owner may run the
+    # name server of the receiver's domain. The lookup shares the deadline.
+    def slow_lookup(*args, **kwargs):
+        time.sleep(3)
+        raise OSError("too late")
+
+    monkeypatch.setattr(webhooks.socket, "getaddrinfo", slow_lookup)
+    started = time.monotonic()
+    outcome = webhooks.post("http://hooks.example.org/", b"{}", {}, networks=["public"], timeout=0.5)
+    assert time.monotonic() - started < 1.5
+    assert (outcome.delivered, outcome.retry) == (False, True)
+    assert "cannot resolve hooks.example.org: no answer within 0.5 s" in outcome.message
+
+
+def test_a_node_agents_worker_hands_deliveries_over_and_never_waits_on_a_receiver(drain, alice, monkeypatch):
+    # The agent's one RQ worker also launches and stops its node's tasks: a
+    # receiver that never answers must not hold it. Here the receiver holds
+    # the connection until the test lets it go; the worker is long done by then.
+    from types import SimpleNamespace
+
+    from jobs.node import agent
+    from jobs.node.notifier import NotificationSender
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    sender = NotificationSender(threads=1)
+    monkeypatch.setattr(agent, "_current", SimpleNamespace(notifier=sender))
+    notifications.webhook_set(user=alice, url=f"http://127.0.0.1:{listener.getsockname()[1]}/", secret=SECRET)
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()  # the worker's part: hand the event over
+    wait_for(lambda: held, timeout=30, what="the receiver's connection")
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert delivery.status == Status.SENDING  # under way on the sender's thread, the worker free
+    held[0].close()
+    listener.close()
+    wait_for(lambda: NotificationDelivery.objects.get(pk=delivery.pk).status != Status.SENDING, timeout=30,
+             what="the delivery's outcome")
+    assert NotificationDelivery.objects.get(pk=delivery.pk).status == Status.RETRYING
+    sender.stop()
+
+
+def test_the_sender_takes_a_waiting_delivery_once_and_drops_what_waits_when_stopped():
+    from jobs.node.notifier import NotificationSender
+
+    sender = NotificationSender(threads=1)
+    busy, release, ran = threading.Event(), threading.Event(), []
+
+    def hold() -> None:
+        busy.set()
+        release.wait(30)
+
+    sender.submit(hold)
+    assert busy.wait(30)
+    for _ in range(3):
+        sender.submit(ran.append, 7)  # the repair sweep asking again for one still waiting
+    sender.submit(ran.append, 8)
+    release.set()
+    wait_for(lambda: len(ran) == 2, timeout=30, what="the waiting deliveries")
+    assert sorted(ran) == [7, 8]
+
+    busy.clear(), release.clear()
+    sender.submit(hold)
+    assert busy.wait(30)
+    sender.submit(ran.append, 9)
+    sender.stop()
+    release.set()
+    sender.stop(wait=True)  # the try under way ends; what waited was dropped
+    assert 9 not in ran
 
 
 def test_a_closed_port_is_worth_another_try():

@@ -18,8 +18,10 @@ import os
 import shutil
 import signal
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -34,6 +36,7 @@ from jobs.node.context import NodeContext, Watchers
 from jobs.node.follower import LogFollower
 from jobs.node.holders import holder_is_gone, this_process
 from jobs.node.logwriter import LogWriter
+from jobs.node.notifier import NotificationSender
 from jobs.node.runner import Runner
 from jobs.node.staging import expire_kept_outputs, stage_root
 from jobs.node.usage import UsageSampler
@@ -58,6 +61,16 @@ def current() -> NodeAgent:
     if _current is None:
         raise RuntimeError("node tasks run inside `manage.py node_agent`")
     return _current
+
+
+def send_notification(send: Callable[..., Any], *args: Any) -> None:
+    """Run a notification's delivery on the agent's notification threads, so
+    the worker that launches and stops tasks never waits on a receiver;
+    inline outside an agent."""
+    if _current is None:
+        send(*args)
+    else:
+        _current.notifier.submit(send, *args)
 
 
 def launch_here() -> services.LaunchHere | None:
@@ -93,6 +106,7 @@ class NodeAgent:
         self.engine_cpus = engine_cpus
         self.writer = LogWriter()
         self.follower = LogFollower()
+        self.notifier = NotificationSender(settings.NOTIFY_THREADS)
         self.watchers = Watchers(self._make_watcher)
         self.context: NodeContext  # made once the node is registered
         self.runner: Runner
@@ -156,7 +170,8 @@ class NodeAgent:
     def work(self) -> None:
         """Serve the node's queue until SIGTERM/SIGINT (RQ's warm shutdown)."""
         # In this order: launches and stops first, then passes, then
-        # notifications (webhooks and e-mail, jobs/services/notifications.py).
+        # notifications (webhooks and e-mail, jobs/services/notifications.py),
+        # which the worker only hands to the notification threads (notifier.py).
         names = [queues.node_queue_name(self.node.name), queues.scheduler_queue_name(), queues.notify_queue_name()]
         try:
             self._worker = _Worker(names, connection=queues.connection(), name=f"{self.node.name}.{os.getpid()}")
@@ -175,6 +190,7 @@ class NodeAgent:
         restart, but no new task is placed here while we are away. Also
         undoes a start that failed half-way (start())."""
         self._stopping.set()
+        self.notifier.stop()
         self.web_forward.stop()
         if self._registered:
             self.runner.wait_for_launches(timeout=30)

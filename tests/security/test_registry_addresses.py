@@ -98,6 +98,23 @@ def test_it_checks_resolved_addresses_as_the_node_does():
     assert "link-local" in registry_refusal("metadata.internal", resolved=["169.254.169.254"])
     assert registry_refusal("registry.example.com", resolved=["93.184.216.34"]) is None
     assert registry_of("library/busybox") == "docker.io"
+    # Not public, though no "private" either: shared address space (a cloud's
+    # metadata at 100.100.100.200) and NAT64 forms of private addresses.
+    for address in ("100.100.100.200", "64:ff9b::a9fe:a9fe", "64:ff9b::a00:5"):
+        assert "not public" in registry_refusal("registry.example.com", resolved=[address]), address
+
+
+def test_a_first_part_with_capitals_names_a_registry_as_docker_takes_it(alice):
+    # Docker's rule: a repository name is lower case, so "LOCALHOST/x" and
+    # "Redis/x" name hosts. Taken for Docker Hub, they skipped every check
+    # and the node's engine called the node itself (LOCALHOST) or an
+    # internal host.
+    assert registry_of("LOCALHOST/x") == "LOCALHOST" and registry_of("Redis/x:1") == "Redis"
+    assert registry_of("library/busybox") == registry_of("busybox") == "docker.io"
+    with pytest.raises(SpecError) as caught:
+        services.job_submit(owner=alice, config=_config("caps", "LOCALHOST/x"))
+    assert caught.value.problems[0].path == "image" and "localhost" in caught.value.problems[0].message
+    assert "loopback" in node_registry_refusal("Redis/x", allowed=[], resolve=lambda host: ["127.0.0.1"])
 
 
 def test_it_answers_the_rest_api_with_a_400_and_refuses_strangers(alice):

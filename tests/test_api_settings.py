@@ -34,6 +34,12 @@ def client() -> Client:
     return Client()
 
 
+def _streamed(response) -> list:
+    """A whole job list, which the API writes as it reads it."""
+    assert response.status_code == 200 and response.streaming
+    return json.loads(b"".join(response.streaming_content))
+
+
 def _auth(user) -> dict[str, str]:
     return {"HTTP_AUTHORIZATION": f"Bearer {tokens.token_create(user=user, lifetime=timedelta(hours=1)).key}"}
 
@@ -61,8 +67,8 @@ def test_anonymous_read_opens_job_list_and_status_only(client, alice, settings):
     base = f"/api/v1/user/{alice.username}/jobs/{job.name}"
     assert client.get("/api/v1/jobs").status_code == 401  # off by default
     settings.API_ANONYMOUS_READ = True
-    assert job.name in [j["name"] for j in client.get("/api/v1/jobs").json()]
-    assert client.get(f"/api/v1/user/{alice.username}/jobs").json()[0]["name"] == job.name
+    assert job.name in [j["name"] for j in _streamed(client.get("/api/v1/jobs"))]
+    assert _streamed(client.get(f"/api/v1/user/{alice.username}/jobs"))[0]["name"] == job.name
     assert client.get(base).json()["jobStatus"]["username"] == alice.username
     for closed in (base + "/config", base + "/ssh", base + "/ssh/key", base + "/tasks/main/0/log",
                    "/api/v1/virtual-clusters"):
@@ -96,7 +102,7 @@ def test_a_job_without_a_stored_config_answers_no_job_config_error(client, alice
     assert response.status_code == 404 and response.json()["code"] == "NoJobConfigError"
 
 
-def test_api_submissions_are_limited_per_token_and_the_refusal_says_when_to_retry(client, alice, bob, settings,
+def test_api_submissions_are_limited_per_user_and_the_refusal_says_when_to_retry(client, alice, bob, settings,
                                                                                 redis_server):
     settings.API_SUBMISSIONS_PER_MINUTE = 2
     token, other_token = _auth(alice), _auth(alice)
@@ -108,11 +114,12 @@ def test_api_submissions_are_limited_per_token_and_the_refusal_says_when_to_retr
     assert [submit(f"limited-{i}", token).status_code for i in range(2)] == [202, 202]
     refused = submit("limited-2", token)
     assert refused.status_code == 429 and refused.json()["code"] == "TooManyRequestsError"
-    assert "More than 2 job submissions a minute with this token" in refused.json()["message"]
+    assert f"More than 2 job submissions a minute by {alice.username} (all tokens together)" in refused.json()["message"]
     assert 1 <= int(refused["Retry-After"]) <= 61
     assert not Job.objects.filter(owner=alice, name="limited-2").exists()
-    # Each token counts on its own; another user's is untouched; no token, no submission.
-    assert submit("limited-3", other_token).status_code == 202
+    # Another token of hers counts with the first (tokens are free to make);
+    # another user's is untouched; no token, no submission.
+    assert submit("limited-3", other_token).status_code == 429
     assert submit("bobs", _auth(bob), to=f"/api/v1/user/{bob.username}/jobs").status_code == 202
     assert submit("anonymous", {}).status_code == 401
 
@@ -123,3 +130,19 @@ def test_an_action_count_goes_on_when_redis_forgets_the_counting_script(redis_se
     queues.connection().script_flush()  # as after a restart of Redis
     assert 1 <= ratelimit.action_wait_seconds(action="test", who=who, limit=2, window=60) <= 61
     assert ratelimit.action_wait_seconds(action="test", who="token:another", limit=2, window=60) == 0
+
+
+def test_the_whole_job_list_is_written_in_chunks_and_reads_as_one_list(client, alice, bob, make_user, monkeypatch):
+    # v1 clients that send no `limit` get every job: written as read, a
+    # few at a time, it is the same list as the pages together.
+    from jobs.api.views import jobs as v1
+
+    names = [job_submit(owner=alice, config=json.dumps(config(f"whole-{i}", role()))).name for i in range(5)]
+    job_submit(owner=bob, config=json.dumps(config("not-alices", role())))
+    paged = client.get(f"/api/v1/user/{alice.username}/jobs", {"limit": 5}, **_auth(alice)).json()
+    for chunk in (1, 2, 5, 10):  # one job a chunk, chunks and a bit, exactly one, less than one
+        monkeypatch.setattr(v1, "WHOLE_LIST_CHUNK", chunk)
+        whole = _streamed(client.get(f"/api/v1/user/{alice.username}/jobs", **_auth(alice)))
+        assert [j["name"] for j in whole] == names[::-1] and whole == paged  # newest first
+    nobody = make_user("nojobs")
+    assert _streamed(client.get(f"/api/v1/user/{nobody.username}/jobs", **_auth(nobody))) == []

@@ -145,3 +145,18 @@ def test_a_pass_reads_what_the_querysets_it_replaced_read(alice, nodes, small_vc
     assert ("default", gpu_type, 2) in read.vc_gpus and (vc.name, gpu_type, 1) in read.vc_gpus
     assert [tuple(job) for job in read.waiting] == orm["waiting"]  # in submission order
     assert waiting.pk in [job.id for job in read.waiting] and ended.pk not in [job.id for job in read.waiting]
+
+
+def test_when_more_wait_than_a_pass_looks_at_each_owner_brings_their_oldest(make_user, redis_server, monkeypatch):
+    # The read behind the pass's fairness among users (MAX_JOBS_PER_PASS):
+    # one owner's many waiting jobs leave room for every other owner's.
+    monkeypatch.setattr(scheduling, "MAX_JOBS_PER_PASS", 6)
+    many, few = make_user("many"), make_user("few")
+    never = dict(gpuType="NO-SUCH-GPU")
+    for job in Job.objects.filter(state=State.WAITING):  # another test's leftovers would change the shares
+        services.job_stop(job=job, by=job.owner)
+    mine = [submit(many, config(f"many-{i}", role(gpus=1), **never)).pk for i in range(10)]
+    theirs = [submit(few, config(f"few-{i}", role(gpus=1), **never)).pk for i in range(2)]
+    with transaction.atomic():
+        read = [w.id for w in scheduling._read().waiting]
+    assert read == sorted(mine[:3] + theirs[:2])  # a share of 6 // 2 each, in submission order

@@ -20,7 +20,7 @@ must not lock everyone out of the portal.
 
 Second, plain per-user action limits (action_wait_seconds), such as the
 Submit page's live check of the config as it is typed and API submissions
-per token, counted in Redis directly (one round trip per action).
+per user, counted in Redis directly (one round trip per action).
 """
 
 from __future__ import annotations

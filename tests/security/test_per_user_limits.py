@@ -2,7 +2,7 @@
 could fill a virtual cluster's queue and its whole share. Admins now set,
 per virtual cluster and user, the most waiting jobs (more are refused),
 running jobs and GPUs in use (a job over them waits and says why); and the
-REST API takes at most API_SUBMISSIONS_PER_MINUTE submissions per token.
+REST API takes at most API_SUBMISSIONS_PER_MINUTE submissions per user.
 
 Scheduling runs in this process (`services.schedule_pass`) onto a node row
 of the test's own, with GPUs of a type no other node has, served by no
@@ -273,7 +273,7 @@ def test_a_users_own_row_replaces_the_virtual_clusters_default(alice, bob, node,
 # --------------------------------------------------------- API submission rate
 
 
-def test_it_rate_limits_api_submissions_per_token_with_retry_after(alice, bob, settings, redis_server):
+def test_it_rate_limits_api_submissions_per_user_with_retry_after(alice, bob, settings, redis_server):
     settings.API_SUBMISSIONS_PER_MINUTE = 3
     client = api_client(alice)
     for i in range(3):
@@ -282,6 +282,9 @@ def test_it_rate_limits_api_submissions_per_token_with_retry_after(alice, bob, s
     assert refused.status_code == 429 and refused.json()["code"] == "TooManyRequestsError"
     assert 1 <= int(refused["Retry-After"]) <= 61
     assert not Job.objects.filter(owner=alice, name="r3").exists()
+    # A fresh token of hers does not start a count of its own: tokens are
+    # free to make, so a count per token would be no limit at all.
+    assert api_submit(api_client(alice), alice, parked_config("r4")).status_code == 429
     # Another user's token is counted on its own; an anonymous client is
     # refused before anything is counted.
     assert api_submit(api_client(bob), bob, parked_config("b0")).status_code == 202
@@ -325,3 +328,16 @@ def test_users_see_their_own_limits_and_nobody_elses(alice, bob, limit):
     assert "Your limits here:" not in client.get("/virtual-clusters/").content.decode()
     anonymous = Client().get("/virtual-clusters/")
     assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+
+
+def test_one_users_jobs_that_cannot_start_never_fill_what_a_pass_looks_at(alice, bob, node, monkeypatch):
+    # A pass looks at so many waiting jobs (MAX_JOBS_PER_PASS). Alice's jobs
+    # that can never start (a GPU type no node has) used to fill it, oldest
+    # first, and no later job of anyone's was ever looked at again. When
+    # more wait, each owner now brings an even share of their oldest.
+    monkeypatch.setattr("jobs.services.scheduling.MAX_JOBS_PER_PASS", 20)
+    parked = [submit(alice, config(f"park-{i}", role(gpus=1), gpuType="NO-SUCH-GPU")) for i in range(25)]
+    bobs = gpu_job(bob, node)
+    services.schedule_pass()
+    assert fresh(bobs).state == State.RUNNING
+    assert all(fresh(job).state == State.WAITING for job in parked)

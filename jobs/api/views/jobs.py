@@ -9,14 +9,15 @@ anonymous callers, for old tools.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from django.conf import settings
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from jobs import jsonc, services
 from jobs.api import serializers
-from jobs.api.auth import Access, bearer_key
+from jobs.api.auth import Access
 from jobs.api.errors import ApiError, forbidden, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, json_body, ok, optional_int_param, resource
 from jobs.models import Job, Task, User
@@ -40,6 +41,32 @@ def find_job(request: HttpRequest, username: str, name: str) -> Job:
     return job
 
 
+# Jobs read and written at a time when the whole list is sent.
+WHOLE_LIST_CHUNK = 1000
+
+
+def _whole_list(jobs: QuerySet[Job]) -> StreamingHttpResponse:
+    """Every job, as OpenPAI's v1 answered a list without `limit`, written
+    as it is read: nothing bounds how many jobs there are, and a worker that
+    every user shares must not hold them all at once (100,000 jobs took
+    about 220 MB built whole)."""
+
+    def parts() -> Iterator[bytes]:
+        yield b"["
+        batch: list[str] = []
+        first = True
+        for job in serializers.jobs_for_list(jobs).iterator(chunk_size=WHOLE_LIST_CHUNK):
+            batch.append(json.dumps(serializers.job_summary(job), ensure_ascii=False))
+            if len(batch) == WHOLE_LIST_CHUNK:
+                yield ("" if first else ",").encode() + ",".join(batch).encode()
+                batch, first = [], False
+        if batch:
+            yield ("" if first else ",").encode() + ",".join(batch).encode()
+        yield b"]"
+
+    return StreamingHttpResponse(parts(), content_type="application/json")
+
+
 def _page(request: HttpRequest, jobs: QuerySet[Job]) -> HttpResponse:
     """All jobs, newest first, as OpenPAI answered; with `limit` (and
     `offset`) one page of them, the total in X-Total-Count and the next page
@@ -47,7 +74,7 @@ def _page(request: HttpRequest, jobs: QuerySet[Job]) -> HttpResponse:
     limit = optional_int_param(request.GET, "limit", minimum=1, maximum=MAX_PAGE)
     offset = int_param(request.GET, "offset", default=0, minimum=0, maximum=10**9)
     if limit is None and not offset:
-        return ok([serializers.job_summary(job) for job in serializers.jobs_for_list(jobs)])
+        return _whole_list(jobs)
     total = jobs.count()
     size = limit or MAX_PAGE
     # The page's ids first, then only its rows, as the web list does: a deep
@@ -86,16 +113,15 @@ def _submitter(request: HttpRequest, username: str) -> User:
 
 
 def _count_submission(request: HttpRequest) -> None:
-    """At most API_SUBMISSIONS_PER_MINUTE submissions per token (per user
-    with the browser session), accepted or not: a runaway script is slowed
-    down before its configs are parsed."""
-    key = bearer_key(request)
-    who = f"token:{key}" if key else f"user:{request.user.pk}"
+    """At most API_SUBMISSIONS_PER_MINUTE submissions per user, over all
+    their tokens and the browser session, accepted or not: a runaway script
+    is slowed down before its configs are parsed. Per user, not per token:
+    tokens are free to make, so a limit per token would be no limit."""
     limit = settings.API_SUBMISSIONS_PER_MINUTE
-    wait = ratelimit.action_wait_seconds(action="api-submit", who=who, limit=limit, window=60)
+    wait = ratelimit.action_wait_seconds(action="api-submit", who=f"user:{request.user.pk}", limit=limit, window=60)
     if wait:
-        raise ApiError("TooManyRequestsError", f"More than {limit} job submissions a minute with this token; "
-                       f"try again in {wait} seconds.", headers={"Retry-After": str(wait)})
+        raise ApiError("TooManyRequestsError", f"More than {limit} job submissions a minute by {request.user.username} "
+                       f"(all tokens together); try again in {wait} seconds.", headers={"Retry-After": str(wait)})
 
 
 def _accepted(request: HttpRequest, job: Job) -> HttpResponse:

@@ -137,8 +137,12 @@ def test_the_whole_job_list_is_written_in_chunks_and_reads_as_one_list(client, a
     # few at a time, it is the same list as the pages together.
     from jobs.api.views import jobs as v1
 
-    names = [job_submit(owner=alice, config=json.dumps(config(f"whole-{i}", role()))).name for i in range(5)]
-    job_submit(owner=bob, config=json.dumps(config("not-alices", role())))
+    # Jobs that stay WAITING (a GPU type no node has): the test cluster's
+    # agents must not change them between the reads compared.
+    parked = dict(gpuType="NO-SUCH-GPU")
+    names = [job_submit(owner=alice, config=json.dumps(config(f"whole-{i}", role(gpus=1), **parked))).name
+             for i in range(5)]
+    job_submit(owner=bob, config=json.dumps(config("not-alices", role(gpus=1), **parked)))
     paged = client.get(f"/api/v1/user/{alice.username}/jobs", {"limit": 5}, **_auth(alice)).json()
     for chunk in (1, 2, 5, 10):  # one job a chunk, chunks and a bit, exactly one, less than one
         monkeypatch.setattr(v1, "WHOLE_LIST_CHUNK", chunk)

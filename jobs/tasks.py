@@ -25,8 +25,9 @@ def stop_task(attempt_id: int) -> None:
 
 
 def notify_job_state(event: dict) -> None:
-    agent.send_notification(notifications.job_state_notify, event)
+    agent.send_notification(notifications.job_state_notify, event, owner=event.get("owner_id"))
 
 
 def deliver_notification(delivery_id: int) -> None:
-    agent.send_notification(notifications.delivery_try, delivery_id)
+    agent.send_notification(notifications.delivery_try, delivery_id,
+                            owner=notifications.delivery_owner(delivery_id))

@@ -311,6 +311,34 @@ def test_the_sender_takes_a_waiting_delivery_once_and_drops_what_waits_when_stop
     assert 9 not in ran
 
 
+def test_one_owners_stalled_deliveries_take_one_thread_and_leave_the_rest_to_others():
+    # Alice's receiver never answers: her deliveries go one at a time, in
+    # order, and Bob's goes out on another thread meanwhile.
+    from jobs.node.notifier import NotificationSender
+
+    sender = NotificationSender(threads=3)
+    release, started, done = threading.Event(), [], []
+    lock = threading.Lock()
+
+    def stalled(number: int) -> None:
+        with lock:
+            started.append(number)
+        release.wait(30)
+        done.append(number)
+
+    for number in (1, 2, 3):
+        sender.submit(stalled, number, owner=7)
+    bob = threading.Event()
+    sender.submit(bob.set, owner=8)
+    assert bob.wait(30)  # not behind Alice's
+    wait_for(lambda: started, timeout=30, what="Alice's first delivery")
+    assert started == [1]  # one thread for her, however many of hers wait
+    release.set()
+    wait_for(lambda: len(done) == 3, timeout=30, what="Alice's deliveries, in turn")
+    assert done == [1, 2, 3]
+    sender.stop(wait=True)
+
+
 def test_a_closed_port_is_worth_another_try():
     outcome = webhooks.post(f"http://127.0.0.1:{free_port()}/", b"{}", {}, networks=["127.0.0.0/8"], timeout=2)
     assert (outcome.delivered, outcome.retry) == (False, True) and "cannot connect" in outcome.message

@@ -63,14 +63,14 @@ def current() -> NodeAgent:
     return _current
 
 
-def send_notification(send: Callable[..., Any], *args: Any) -> None:
+def send_notification(send: Callable[..., Any], *args: Any, owner: int | None) -> None:
     """Run a notification's delivery on the agent's notification threads, so
-    the worker that launches and stops tasks never waits on a receiver;
-    inline outside an agent."""
+    the worker that launches and stops tasks never waits on a receiver, and
+    one owner's deliveries take one thread at a time; inline outside an agent."""
     if _current is None:
         send(*args)
     else:
-        _current.notifier.submit(send, *args)
+        _current.notifier.submit(send, *args, owner=owner)
 
 
 def launch_here() -> services.LaunchHere | None:

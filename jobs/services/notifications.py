@@ -256,6 +256,11 @@ def _prune(owner: User) -> None:
             status__in=(Status.PENDING, Status.SENDING, Status.RETRYING)).delete()
 
 
+def delivery_owner(delivery_id: int) -> int | None:
+    """The user a delivery is for (None if it is gone)."""
+    return NotificationDelivery.objects.filter(pk=delivery_id).values_list("user_id", flat=True).first()
+
+
 def delivery_try(delivery_id: int) -> str | None:
     """Try a delivery once and record how it went; returns its new status
     (None if it was not waiting for a try: done, or taken by another worker)."""

@@ -220,10 +220,15 @@ def stage_data(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = 
 def upload_tree(src: Path, uri: str, *, user_name: str | None = None, reader: Reader | None = None) -> int:
     """Copy a local folder's contents into `uri` (made when missing), if it
     fits in the quota of the user whose folder that is (else
-    StorageQuotaExceeded, and nothing is copied)."""
+    StorageQuotaExceeded, and nothing is copied). So is a tree deeper
+    than a storage path may be, which a task's output can be: every target
+    is checked (paths.join) before anything is copied."""
     path = locate(uri, user_name=user_name)
     owner = quota.owner_of(path)
-    files = [f for f in src.rglob("*") if f.is_file() and not f.is_symlink()]
+    entries = [f for f in src.rglob("*") if not f.is_symlink()]
+    for entry in entries:
+        paths.join(path, entry.relative_to(src).as_posix())
+    files = [f for f in entries if f.is_file()]
     size = sum(f.stat().st_size for f in files)
     quota.check_room(owner, adding_bytes=size, adding_files=len(files))
     if reader is not None:

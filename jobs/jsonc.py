@@ -17,16 +17,31 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.ids import is_ascii_digits
+
 MAX_DEPTH = 32
 # The last step of a path: ".key" or "[3]".
 _PARENT_RE = re.compile(r"(\.[^.\[\]]+|\[\d+\])$")
 # A JSON number (as json.scanner reads it) or true, false, null.
 _SCALAR_RE = re.compile(r"-?(?:0|[1-9]\d*)(?P<frac>\.\d+)?(?P<exp>[eE][-+]?\d+)?|(?P<literal>true|false|null)")
 _LITERALS = {"true": True, "false": False, "null": None}
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+SURROGATE_RE = re.compile("[\ud800-\udfff]")
+NUL_PROBLEM = "strings may not contain the NUL character (\\u0000)"
+SURROGATE_PROBLEM = "string holds half of a unicode surrogate pair"
 # Whitespace, // line comments and closed /* */ comments, in any number.
 _SKIP_RE = re.compile(r"(?:[ \t\n\r]+|//[^\n]*|/\*.*?\*/)*", re.DOTALL)
 _GAP_STARTS = frozenset(" \t\n\r/")  # what such a gap may start with ("", the end, is not one)
+
+
+def unstorable(text: str) -> str | None:
+    """Why `text` cannot be stored, or None: the databases' text and JSON
+    take neither a NUL nor half of a surrogate pair (a JSON or YAML
+    "\\ud800" escape decodes to one). Job configs and API bodies alike."""
+    if "\x00" in text:
+        return NUL_PROBLEM
+    if SURROGATE_RE.search(text):
+        return SURROGATE_PROBLEM
+    return None
 
 
 @dataclass
@@ -80,7 +95,7 @@ class Positions:
             parent = entry
             if rest.startswith("["):
                 close = rest.find("]")
-                if close < 0 or not isinstance(entry.children, list) or not (rest[1:close].isascii() and rest[1:close].isdigit()):
+                if close < 0 or not isinstance(entry.children, list) or not is_ascii_digits(rest[1:close]):
                     return None
                 index = int(rest[1:close])
                 entry = entry.children[index] if index < len(entry.children) else None
@@ -276,10 +291,9 @@ class _Reader:
             value, end = json.decoder.scanstring(self.text, self.pos + 1, True)
         except json.JSONDecodeError as exc:
             raise self.fail(f"bad string: {exc.msg}", exc.pos) from None
-        if "\x00" in value:
-            raise self.fail("strings may not contain the NUL character (\\u0000)", start)
-        if _SURROGATE_RE.search(value):
-            raise self.fail("string holds half of a unicode surrogate pair", start)
+        problem = unstorable(value)
+        if problem:
+            raise self.fail(problem, start)
         self.pos = end
         return value
 

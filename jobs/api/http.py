@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,6 @@ ALLOWED_REQUEST_HEADERS = "Authorization, Content-Type, X-CSRFToken"
 EXPOSED_HEADERS = "Location, Link, X-Total-Count, Retry-After"
 # As deep as a job config may nest (jobs/jsonc.py): no API body needs more.
 MAX_BODY_DEPTH = jsonc.MAX_DEPTH
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 def handler(access: Access) -> Callable[[Handler], Handler]:
@@ -171,11 +169,11 @@ def _check_body(body: dict[str, Any]) -> None:
 
 
 def _check_body_text(text: str, where: str) -> None:
-    # The words of jobs/jsonc.py, which refuses the same in job configs.
-    if "\x00" in text:
-        raise invalid(f"{where}: strings may not contain the NUL character (\\u0000).")
-    if _SURROGATE_RE.search(text):
-        raise invalid(f"{where}: string holds half of a unicode surrogate pair; send whole characters.")
+    problem = jsonc.unstorable(text)  # as job configs are refused
+    if problem == jsonc.SURROGATE_PROBLEM:
+        raise invalid(f"{where}: {problem}; send whole characters.")
+    if problem:
+        raise invalid(f"{where}: {problem}.")
 
 
 def string_param(params: dict[str, Any], name: str, *, required: bool = True, max_length: int = 256) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from jobs.ids import is_ascii_digits
 from jobs.spec.yaml_reader import YamlDocument, YamlProblem, load
 
 MASK = "******"
@@ -54,7 +55,7 @@ def lookup(value: Any, path: str) -> tuple[bool, Any]:
     for step in _steps(path):
         if isinstance(value, dict) and step in value:
             value = value[step]
-        elif isinstance(value, list) and step.isascii() and step.isdigit() and int(step) < len(value):
+        elif isinstance(value, list) and is_ascii_digits(step) and int(step) < len(value):
             value = value[int(step)]
         else:
             return False, None

@@ -28,15 +28,11 @@ from yaml.reader import Reader, ReaderError
 from yaml.resolver import BaseResolver
 from yaml.scanner import Scanner
 
+from jobs import jsonc
+
 MAX_DEPTH = 32
 MAX_EXPANDED_NODES = 20_000
 MAX_ALIASES = 1_000
-
-# What "\0" and "\ud800" in double quotes decode to (a raw NUL or half of a
-# pair never gets past PyYAML's Reader); worded as jobs/jsonc.py words them.
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
-_NUL_MESSAGE = "strings may not contain the NUL character (\\u0000)"
-_SURROGATE_MESSAGE = "string holds half of a unicode surrogate pair"
 
 _TAG = "tag:yaml.org,2002:"
 _PLAIN_TAGS = {_TAG + kind for kind in ("str", "int", "float", "bool", "null", "map", "seq", "merge")}
@@ -255,13 +251,14 @@ def _text(node: ScalarNode) -> str:
     jobs/jsonc.py, which refuses the same in v1 configs. PyYAML leaves
     "\\ud83d\\ude00" as two halves; as JSON does, a whole pair is one character."""
     text = node.value
-    if "\x00" in text:
-        raise YamlProblem(_NUL_MESSAGE, *_mark(node.start_mark))
-    if _SURROGATE_RE.search(text):
+    if jsonc.SURROGATE_RE.search(text):  # "\0" and "\ud800" in double quotes: a raw one never gets past the Reader
         try:
             text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
         except UnicodeDecodeError:
-            raise YamlProblem(_SURROGATE_MESSAGE, *_mark(node.start_mark)) from None
+            pass  # a half with no other: unstorable() names it
+    problem = jsonc.unstorable(text)
+    if problem:
+        raise YamlProblem(problem, *_mark(node.start_mark))
     return text
 
 

@@ -24,15 +24,13 @@ from __future__ import annotations
 import posixpath
 import re
 
+from jobs.jsonc import SURROGATE_RE
 from jobs.storage.errors import StorageError
 from jobs.storage.registry import StorageKind, storage_for_backend
 
 ROOT = "/"
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-# Lone surrogates (a form's RFC 2231 file name can decode to them) are no
-# text: no file system can store them, and encoding one for the disk fails.
-_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 # Parts (folders and the name at the end) a storage path may have. Far more
 # than anyone nests folders, and far below what breaks: Path.mkdir(parents=True)
 # recurses once per missing folder (Python stops at 1,000 frames), the
@@ -48,7 +46,9 @@ def normalize(path: str, *, typed: str | None = None) -> str:
     the user wrote, when given."""
     if _CONTROL_RE.search(path):
         raise StorageError(f'"{typed or path}" contains control characters')
-    if _SURROGATE_RE.search(path):
+    # Lone surrogates (a form's RFC 2231 file name can decode to them) are no
+    # text: no file system can store them, and encoding one for the disk fails.
+    if SURROGATE_RE.search(path):
         raise StorageError(f'"{_shown(typed or path)}" holds characters that are not text (lone UTF-16 surrogates, '
                            "shown as \ufffd); expected Unicode text")
     parts = [part for part in path.split("/") if part not in ("", ".")]
@@ -63,7 +63,7 @@ def normalize(path: str, *, typed: str | None = None) -> str:
 def _shown(text: str) -> str:
     """`text` as a message quotes it: the start of a long one, with lone
     surrogates replaced (a page holding one could not be sent as UTF-8)."""
-    text = _SURROGATE_RE.sub("\ufffd", text)
+    text = SURROGATE_RE.sub("\ufffd", text)
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 

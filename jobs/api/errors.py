@@ -30,11 +30,13 @@ STATUS: dict[str, int] = {
     "ConflictUserError": 409,
     "UnknownError": 500,
     # ours: a task that a job does not have; a wrong HTTP method; too many
-    # failed logins; a request body over the size limit.
+    # failed logins; a request body over the size limit; a user holding the
+    # most live API tokens allowed.
     "NoTaskError": 404,
     "MethodNotAllowedError": 405,
     "RequestTooLargeError": 413,
     "TooManyRequestsError": 429,
+    "TooManyTokensError": 409,
 }
 
 

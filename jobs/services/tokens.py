@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -31,6 +32,10 @@ PAGE_MAX_DAYS = 365
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 # Expired or revoked tokens are kept this long for the owner's list, then dropped.
 KEEP_DEAD_TOKENS = timedelta(days=30)
+# Live (unexpired, unrevoked) tokens one user may hold: far above a person's
+# scripts and laptops, low enough that one account cannot grow the table
+# (and the profile page) without bound.
+MAX_LIVE_TOKENS_PER_USER = 500
 
 
 @dataclass(frozen=True)
@@ -44,12 +49,29 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class TooManyTokens(Exception):
+    """The user holds MAX_LIVE_TOKENS_PER_USER live tokens already."""
+
+    def __init__(self) -> None:
+        super().__init__(f"you hold {MAX_LIVE_TOKENS_PER_USER} live API tokens already, the most one user may; "
+                         "revoke some on your profile page (or let them expire) first")
+
+
 def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToken:
     key = TOKEN_PREFIX + secrets.token_urlsafe(32)
     now = timezone.now()
-    token = ApiToken.objects.create(
-        user=user, key_hash=key_hash(key), prefix=key[:12], label=label[:100], created_at=now, expires_at=now + lifetime
-    )
+    with transaction.atomic():
+        # The user's row, locked, makes the count and the insert one step for
+        # that user's concurrent requests (PostgreSQL; SQLite takes one
+        # writer at a time anyway).
+        User.objects.select_for_update().filter(pk=user.pk).first()
+        live = ApiToken.objects.filter(user=user, revoked_at__isnull=True, expires_at__gt=now)
+        if live.count() >= MAX_LIVE_TOKENS_PER_USER:
+            raise TooManyTokens()
+        token = ApiToken.objects.create(
+            user=user, key_hash=key_hash(key), prefix=key[:12], label=label[:100], created_at=now,
+            expires_at=now + lifetime,
+        )
     long_dead = now - KEEP_DEAD_TOKENS
     ApiToken.objects.filter(Q(expires_at__lt=long_dead) | Q(revoked_at__lt=long_dead), user=user).delete()
     return NewToken(token=token, key=key)

@@ -37,7 +37,11 @@ def token_create(request: HttpRequest) -> HttpResponse:
             f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()))
         return _back()
     label = form.cleaned_data["label"].strip() or "web"
-    made = tokens.token_create(user=request.user, lifetime=timedelta(days=form.cleaned_data["days"]), label=label)
+    try:
+        made = tokens.token_create(user=request.user, lifetime=timedelta(days=form.cleaned_data["days"]), label=label)
+    except tokens.TooManyTokens as exc:
+        messages.error(request, f"The token was not created: {exc}.")
+        return _back()
     request.session[NEW_TOKEN] = {"id": made.token.pk, "key": made.key}
     messages.success(request, f'Created the token "{label}". Copy it now: it is shown only once.')
     return _back()

@@ -28,7 +28,10 @@ def _create(request: HttpRequest) -> HttpResponse:
         # One answer for an unknown user and a wrong password, so the
         # endpoint does not tell which usernames exist.
         raise ApiError("IncorrectPasswordError", "The username or password is incorrect.") from None
-    made = tokens.token_create(user=user, lifetime=timedelta(seconds=seconds), label=label)
+    try:
+        made = tokens.token_create(user=user, lifetime=timedelta(seconds=seconds), label=label)
+    except tokens.TooManyTokens as exc:
+        raise ApiError("TooManyTokensError", f"No token was made: {exc}.") from None
     return ok({"token": made.key, "user": user.username, "admin": user.is_admin,
                "expiresAt": made.token.expires_at.isoformat()})
 

@@ -289,3 +289,31 @@ def test_an_agent_refuses_a_simulated_gpu_type_no_job_could_name(gpu_type) -> No
     with pytest.raises(CommandError, match="--gpu-type"):
         call_command("node_agent", "--name", f"gpu-type-{uuid.uuid4().hex[:6]}", "--gpus", "1", "--gpu-type", gpu_type)
     assert not Node.objects.filter(name__startswith="gpu-type-").exists()
+
+
+def test_an_upgrade_cordons_old_rows_no_page_could_read(admin_client, alice) -> None:
+    """Rows written before the admin checked them (migration 0018): an
+    unreadable `gpus` becomes [] and an unusable port range is kept; both
+    rows are cordoned, saying why, and every page reads them again."""
+    import importlib
+
+    migration = importlib.import_module("jobs.migrations.0018_cordon_unreadable_node_rows")
+    made = {kind: Node.objects.create(name=f"t-old-{kind}-{uuid.uuid4().hex[:6]}", address="127.0.0.9",
+                                      docker_host="unix:///x.sock", **{"port_start": 21000, "port_end": 21099, **values})
+            for kind, values in {"gpus": {"gpus": [1, {"type": "V100"}]},
+                                 "ports": {"gpus": [{"index": 0, "type": "V100"}], "port_end": 100},
+                                 "good": {"gpus": [{"index": 0, "type": "V100"}]}}.items()}
+    try:
+        assert migration.cordon_unreadable(Node) == 2
+        for row in made.values():
+            row.refresh_from_db()
+        assert made["gpus"].gpus == [] and not made["gpus"].schedulable
+        assert made["gpus"].cordoned_by == "migration 0018: gpus unreadable, set to []"
+        assert made["ports"].gpus == [{"index": 0, "type": "V100"}] and not made["ports"].schedulable
+        assert made["ports"].cordoned_by == "migration 0018: port range 21000-100 unusable"
+        assert made["good"].schedulable and made["good"].cordoned_by == ""
+        _pages_work(admin_client, alice)
+        assert migration.cordon_unreadable(Node) == 1  # the port range is the admin's to fix; the rest is done
+    finally:
+        for row in made.values():
+            row.delete()

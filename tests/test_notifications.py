@@ -443,6 +443,41 @@ def test_a_failed_delivery_is_tried_again_after_its_wait(drain, receiver, alice,
     assert first["headers"]["x-portal-delivery"] == second["headers"]["x-portal-delivery"] == str(delivery.pk)
 
 
+def test_a_receiver_that_is_down_costs_one_try_per_wait_however_many_events(drain, receiver, alice, bob, settings):
+    # Alice's receiver never answers within the timeout: her first delivery
+    # is tried and waits; the next ones wait behind it untried (no thread
+    # held for them), and go out after it once the receiver answers. Bob's
+    # receiver is not affected.
+    settings.WEBHOOK_TIMEOUT_SECONDS = 0.5
+    settings.WEBHOOK_RETRY_SECONDS = [60, 60]
+    down = receiver(delay=3)
+    notifications.webhook_set(user=alice, url=down.url, secret=SECRET)
+    bobs = receiver()
+    notifications.webhook_set(user=bob, url=bobs.url, secret=SECRET)
+    for _ in range(3):
+        services.job_stop(job=waiting_job(alice), by=alice)
+    services.job_stop(job=waiting_job(bob), by=bob)
+    drain()
+    assert len(down.requests) == 1
+    first = NotificationDelivery.objects.get(user=alice, tries=1)
+    held = list(NotificationDelivery.objects.filter(user=alice).exclude(pk=first.pk))
+    assert len(held) == 2
+    assert (first.status, first.tries, first.result) == (Status.RETRYING, 1, "no answer within 0.5 s")
+    for delivery in held:
+        assert (delivery.status, delivery.tries, delivery.next_try_at) == (Status.RETRYING, 0, first.next_try_at)
+        assert delivery.result.startswith(f"not tried yet: this webhook did not take delivery {first.pk} (")
+    assert NotificationDelivery.objects.get(user=bob).status == Status.DELIVERED
+
+    down.delay = 0  # the receiver answers again
+    # A minute passes: in the database (when they are due) and in Redis.
+    NotificationDelivery.objects.filter(user=alice).update(next_try_at=timezone.now() - timedelta(seconds=1))
+    assert queues.enqueue_due_notifications(now=time.time() + 61) == 3
+    drain()
+    tries = dict(NotificationDelivery.objects.filter(user=alice, status=Status.DELIVERED).values_list("id", "tries"))
+    assert tries == {first.pk: 2, **{delivery.pk: 1 for delivery in held}}
+    assert len(down.requests) == 4
+
+
 def test_it_gives_up_after_the_last_wait_and_never_retries_a_refusal(drain, receiver, alice, settings):
     settings.WEBHOOK_RETRY_SECONDS = [0.0]
     hook = receiver(statuses=(500, 500))

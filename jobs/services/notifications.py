@@ -264,6 +264,9 @@ def delivery_owner(delivery_id: int) -> int | None:
 def delivery_try(delivery_id: int) -> str | None:
     """Try a delivery once and record how it went; returns its new status
     (None if it was not waiting for a try: done, or taken by another worker)."""
+    held = _hold_behind_failure(delivery_id)
+    if held is not _NOT_HELD:
+        return held
     claimed = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING)).update(
         status=Status.SENDING, tries=F("tries") + 1, last_try_at=timezone.now(), next_try_at=None)
     if not claimed:
@@ -274,6 +277,46 @@ def delivery_try(delivery_id: int) -> str | None:
     else:
         target, outcome = delivery.target, _send_email(delivery)
     return _record(delivery, target, outcome)
+
+
+# ------------------------------------------------- a receiver that is down
+# Each try of a receiver that never answers holds a notify thread for
+# WEBHOOK_TIMEOUT_SECONDS. While one of a user's deliveries waits to be
+# tried again because their receiver failed, the user's other deliveries to
+# the same URL wait with it, untried, and are tried after it: a receiver
+# that is down costs one try per wait of WEBHOOK_RETRY_SECONDS, however many
+# events its user's jobs make, and the threads stay free for other users.
+# A held delivery keeps its tries; it is tried for real once no failed
+# delivery is waiting before it (the receiver answered, or the failed one
+# gave up).
+
+_NOT_HELD = "not held"
+
+
+def _hold_behind_failure(delivery_id: int) -> str | None:
+    """RETRYING if the delivery now waits behind a failed one to the same
+    receiver, None if it was not waiting for a try, else _NOT_HELD."""
+    delivery = (NotificationDelivery.objects.filter(pk=delivery_id, channel=Channel.WEBHOOK,
+                                                    status__in=(Status.PENDING, Status.RETRYING))
+                .values("user_id").first())
+    url = delivery and NotificationSettings.objects.filter(user_id=delivery["user_id"]).values_list(
+        "webhook_url", flat=True).first()
+    if not url:
+        return _NOT_HELD
+    failed = (NotificationDelivery.objects.filter(user_id=delivery["user_id"], channel=Channel.WEBHOOK,
+                                                  status=Status.RETRYING, tries__gte=1, target=url,
+                                                  next_try_at__gt=timezone.now())
+              .exclude(pk=delivery_id).order_by("next_try_at").values("id", "next_try_at", "result").first())
+    if failed is None:
+        return _NOT_HELD
+    held = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING)).update(
+        status=Status.RETRYING, target=url, next_try_at=failed["next_try_at"],
+        result=(f"not tried yet: this webhook did not take delivery {failed['id']} ({failed['result']}); "
+                "tried after it")[:2000])
+    if not held:
+        return None
+    queues.schedule_delivery_retry(delivery_id, failed["next_try_at"].timestamp())
+    return Status.RETRYING
 
 
 # ------------------------------------------------------------ repair sweep

@@ -277,6 +277,48 @@ def test_the_live_fragment_reads_as_much_for_many_running_tasks_as_for_one(alice
     assert counts[0] == counts[1]
 
 
+def test_a_job_of_many_retries_reads_only_the_shown_attempts_tasks(alice, bob, monkeypatch):
+    """1,000 tasks and 100 retries make 101,000 task attempts: the page (and
+    its live part, drawn every few seconds) reads the shown attempt's, and
+    its log menu at most LOG_MENU_MAX, newest first."""
+    from jobs.views import jobs as job_views
+
+    monkeypatch.setattr(job_views, "LOG_MENU_MAX", 7)
+    tasks, retries = 3, 4
+    job = ended_job(alice, "many_retries", State.RUNNING, finished_at=None, exit_type="", total_tasks=tasks,
+                    retry_limit=retries, attempt_number=retries + 1, config=config("many_retries", role(tasks=tasks)))
+    for index in range(1, tasks):
+        Task.objects.create(job=job, role="main", index=index)
+    for number in range(2, retries + 2):
+        JobAttempt.objects.create(job=job, number=number, state=State.FAILED if number <= retries else State.RUNNING)
+    made = {}
+    for number in range(1, retries + 2):
+        for task in job.tasks.order_by("index"):
+            made[number, task.index] = TaskAttempt.objects.create(
+                task=task, job_attempt=job.attempts.get(number=number), job=job, number=number, host_ip="127.0.0.1",
+                state=TaskState.RUNNING if number == retries + 1 else TaskState.FAILED, container_id=f"c{number}{task.index}")
+
+    def menu(html: str) -> list[tuple[str, list[str]]]:
+        return [(group, re.findall(r'<option value="(\d+)">', options)) for group, options in
+                re.findall(r'<optgroup label="Attempt (\d+)">(.*?)</optgroup>', html, re.S)]
+
+    def ids(*numbers: int) -> list[str]:
+        return [str(made[number, index].pk) for number in numbers for index in range(tasks)]
+
+    client = client_for(alice)
+    for path in (f"/jobs/{job.pk}/", f"/jobs/{job.pk}/live/"):
+        html = client.get(path).content.decode()
+        assert html.count('class="task-row"') == tasks
+        # The shown (current) attempt's 3, then the newest 4 of the others.
+        assert menu(html) == [("5", ids(5)), ("4", ids(4)), ("3", [str(made[3, 0].pk)])]
+    older = client.get(f"/jobs/{job.pk}/?attempt=2").content.decode()
+    assert all(f">c2{index}<" in older for index in range(tasks)) and ">c50<" not in older  # attempt 2's table
+    assert menu(older) == [("5", ids(5)), ("4", [str(made[4, 0].pk)]), ("2", ids(2))]
+    # Another user and an anonymous client see none of it.
+    assert client_for(bob).get(f"/jobs/{job.pk}/live/").status_code == 404
+    assert Client().get(f"/jobs/{job.pk}/live/").status_code == 302
+
+
 def test_it_stops_a_job_after_asking_first(alice):
     job = waiting_job(alice, "stop_me")
     client = client_for(alice)

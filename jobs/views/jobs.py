@@ -110,9 +110,10 @@ class RoleTable:
     rows: list[TaskRow]
 
 
-def _role_tables(job: Job, number: int, attempts: list[TaskAttempt]) -> list[RoleTable]:
-    """One table per task role, in the config's order, for job attempt `number`."""
-    by_task = {a.task_id: a for a in attempts if a.number == number}
+def _role_tables(job: Job, attempts: list[TaskAttempt]) -> list[RoleTable]:
+    """One table per task role, in the config's order, of the shown job
+    attempt's task attempts."""
+    by_task = {a.task_id: a for a in attempts}
     shown_pulls = pulls.pulls_shown(by_task.values())
     tasks: dict[str, list[Task]] = {}
     for task in job.tasks.order_by("role", "index"):  # through `job`: each task knows its job without a query
@@ -129,14 +130,21 @@ def _role_tables(job: Job, number: int, attempts: list[TaskAttempt]) -> list[Rol
     return tables
 
 
-def _log_choices(job_attempts: list[JobAttempt], attempts: list[TaskAttempt]) -> list[tuple[int, list[TaskAttempt]]]:
+# The log viewer's task menu lists at most this many task attempts: the
+# shown job attempt's, then the newest of the others. A job may hold 1,000
+# tasks and 100 retries (101,000 task attempts), and its page's live parts
+# are drawn again every few seconds.
+LOG_MENU_MAX = 2000
+
+
+def _log_choices(job: Job, number: int, shown: list[TaskAttempt]) -> list[tuple[int, list[TaskAttempt]]]:
     """The log viewer's task menu: tasks grouped by job attempt, newest first."""
-    groups = []
-    for job_attempt in sorted(job_attempts, key=lambda a: -a.number):
-        members = [a for a in attempts if a.job_attempt_id == job_attempt.pk]
-        if members:
-            groups.append((job_attempt.number, members))
-    return groups
+    others = list(job.task_attempts.exclude(number=number).select_related("task")
+                  .order_by("-number", "task__role", "task__index")[:max(0, LOG_MENU_MAX - len(shown))])
+    groups: dict[int, list[TaskAttempt]] = {}
+    for attempt in sorted([*shown, *others], key=lambda a: -a.number):  # stable: each group keeps its task order
+        groups.setdefault(attempt.number, []).append(attempt)
+    return list(groups.items())
 
 
 def _shown_attempt_number(request: HttpRequest, job: Job, job_attempts: list[JobAttempt]) -> int:
@@ -149,20 +157,20 @@ def _shown_attempt_number(request: HttpRequest, job: Job, job_attempts: list[Job
 
 def _detail_context(request: HttpRequest, job: Job) -> dict:
     job_attempts = list(job.attempts.all())
-    # Through `job` so each attempt's .job is this job (the access cell reads it per row).
-    attempts = list(
-        job.task_attempts.select_related("task", "node", "job_attempt").order_by("number", "task__role", "task__index")
-    )
     number = _shown_attempt_number(request, job, job_attempts)
+    # Only the shown job attempt's task attempts: the others may be a
+    # hundred times as many. Through `job` so each attempt's .job is this
+    # job (the access cell reads it per row).
+    shown = list(job.task_attempts.filter(number=number).select_related("task", "node", "job_attempt")
+                 .order_by("task__role", "task__index"))
     waiting = job.state == State.WAITING
     return {
         "job": job,
         "job_attempts": job_attempts,
         "shown_number": number,
-        "role_tables": _role_tables(job, number, attempts),
-        "task_access": access.tasks_access(job=job, attempts=[a for a in attempts if a.number == number],
-                                           user=request.user),
-        "log_groups": _log_choices(job_attempts, attempts),
+        "role_tables": _role_tables(job, shown),
+        "task_access": access.tasks_access(job=job, attempts=shown, user=request.user),
+        "log_groups": _log_choices(job, number, shown),
         "queue_position": services.queue_position(job) if waiting else None,
         "never_fits": services.never_fits_reason(job) if waiting else None,
         "can_stop": not job.is_final,

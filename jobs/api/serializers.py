@@ -74,9 +74,15 @@ def gpu_bitmap(indices: list[int]) -> int:
 
 def latest_attempts(job: Job) -> dict[int, TaskAttempt]:
     """Each task's container in the job's current attempt (or, while a retry
-    waits to be placed, in the latest attempt that has one), by task id."""
+    waits to be placed, in the latest attempt that has one), by task id.
+
+    Only the newest two job attempts that have containers are read: a job
+    is placed whole, so they hold every task's latest, and a job of 1,000
+    tasks and 100 retries is not read whole on each status call."""
+    attempts = TaskAttempt.objects.filter(job=job)
+    numbers = list(attempts.order_by("-number").values_list("number", flat=True).distinct()[:2])
     latest: dict[int, TaskAttempt] = {}
-    for attempt in TaskAttempt.objects.filter(job=job).order_by("number", "id"):
+    for attempt in attempts.filter(number__in=numbers).order_by("number", "id"):
         latest[attempt.task_id] = attempt
     return latest
 

@@ -1,0 +1,78 @@
+"""A job of many tasks and retries through the API's status call: each
+task's latest container, read from the newest job attempts only (a job of
+1,000 tasks and 100 retries holds 101,000 task attempts).
+
+Users: alice (owner), bob (another user); each test makes its own.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.test import Client
+
+from jobs.models import JobAttempt, State, Task, TaskAttempt, TaskState
+from jobs.services import tokens
+from tests.helpers import config, role
+from tests.test_pages import ended_job
+
+
+def _api(user) -> Client:
+    return Client(HTTP_AUTHORIZATION=f"Bearer {tokens.token_create(user=user, lifetime=timedelta(hours=1)).key}")
+
+
+def _job(owner, name: str, tasks: int, retries: int, placed: int):
+    """A job on attempt retries + 1, whose first `placed` attempts have containers."""
+    job = ended_job(owner, name, State.RUNNING, finished_at=None, exit_type="", total_tasks=tasks,
+                    retry_limit=retries, attempt_number=retries + 1, config=config(name, role(tasks=tasks)))
+    for index in range(1, tasks):
+        Task.objects.create(job=job, role="main", index=index)
+    for number in range(2, retries + 2):
+        JobAttempt.objects.create(job=job, number=number, state=State.FAILED if number <= placed else State.WAITING)
+    for number in range(1, placed + 1):
+        for task in job.tasks.order_by("index"):
+            TaskAttempt.objects.create(task=task, job_attempt=job.attempts.get(number=number), job=job, number=number,
+                                       host_ip="127.0.0.1", state=TaskState.FAILED, container_id=f"c{number}-{task.index}")
+    return job
+
+
+def _statuses(client: Client, owner, name: str) -> list[tuple[str, int]]:
+    body = client.get(f"/api/v1/user/{owner.username}/jobs/{name}").json()
+    return [(task["containerId"], task["attempt"]) for task in body["taskRoles"]["main"]["taskStatuses"]]
+
+
+def test_the_status_names_each_tasks_latest_container(alice, bob):
+    client = _api(alice)
+    # Placed four times; the fifth attempt waits: each task shows its fourth container.
+    waiting = _job(alice, "retry_waits", tasks=3, retries=4, placed=4)
+    assert _statuses(client, alice, "retry_waits") == [(f"c4-{index}", 4) for index in range(3)]
+    # A job whose every attempt ran shows the newest.
+    _job(alice, "all_ran", tasks=3, retries=4, placed=5)
+    assert _statuses(client, alice, "all_ran") == [(f"c5-{index}", 5) for index in range(3)]
+    # Never placed: no container.
+    _job(alice, "never_placed", tasks=2, retries=0, placed=0)
+    assert _statuses(client, alice, "never_placed") == [(None, None), (None, None)]
+    # Another user and an anonymous client get nothing of it.
+    assert _api(bob).get(f"/api/v1/user/{alice.username}/jobs/{waiting.name}").status_code == 404
+    assert Client().get(f"/api/v1/user/{alice.username}/jobs/{waiting.name}").status_code == 401
+
+
+def test_the_status_reads_the_newest_two_attempts_however_many_ran(alice):
+    """Task attempts made into objects by one status call (post_init counts
+    each): the newest two job attempts' at most, not all 18."""
+    from django.db.models.signals import post_init
+
+    client = _api(alice)
+    _job(alice, "retried_8", tasks=2, retries=8, placed=9)
+    assert TaskAttempt.objects.filter(job__name="retried_8", job__owner=alice).count() == 18
+    made: list[TaskAttempt] = []
+
+    def count(sender, instance, **kwargs) -> None:
+        made.append(instance)
+
+    post_init.connect(count, sender=TaskAttempt)
+    try:
+        assert _statuses(client, alice, "retried_8") == [(f"c9-{index}", 9) for index in range(2)]
+    finally:
+        post_init.disconnect(count, sender=TaskAttempt)
+    assert sorted({attempt.number for attempt in made}) == [8, 9] and len(made) == 4

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, models
@@ -26,22 +27,15 @@ def insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
     instance per row (a pass may create thousands: bench/scheduler_scale.py)."""
     if not rows:
         return
-    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
-    given = rows[0].keys()
-    defaults = {field.attname: field.get_db_prep_save(field.get_default(), connection)
-                for field in fields if field.attname not in given}
-    # Plain numbers and text go to the driver as they are; JSON becomes its
-    # text (what SQLite stores and COPY reads), times what this database stores.
-    prepared = {field.attname: field for field in fields
-                if field.attname in given and field.get_internal_type() in ("JSONField", "DateTimeField", "DateField")}
-    template = [defaults.get(field.attname) for field in fields]
-    given_at = [(i, field.attname, prepared.get(field.attname)) for i, field in enumerate(fields)
-                if field.attname not in defaults]
+    plan = _insert_plan(model, tuple(rows[0]), connection.vendor)
+    template = plan.template.copy()
+    for i, field in plan.made_per_call:  # timezone.now, dict ...: one value for all rows, as a new instance's
+        template[i] = field.get_db_prep_save(field.get_default(), connection)
     params = []
     last: dict[str, tuple[Any, Any]] = {}  # per field: the last value and what it became (one `now` for all rows)
     for row in rows:
         values = template.copy()
-        for i, name, field in given_at:
+        for i, name, field in plan.given_at:
             value = row[name]
             if field is None:
                 values[i] = value
@@ -53,7 +47,38 @@ def insert(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
                     seen = last[name] = (value, field.get_db_prep_save(value, connection))
                 values[i] = seen[1]
         params.append(values)
-    insert_values(model, [field.attname for field in fields], params)
+    insert_values(model, plan.names, params)
+
+
+@dataclass(frozen=True)
+class _InsertPlan:
+    names: list[str]  # every field the INSERT names (attnames), in order
+    template: list[Any]  # a row with the defaults that are the same every time; None where given or made per call
+    made_per_call: list[tuple[int, models.Field]]  # defaults made by a callable (a time, a new dict)
+    given_at: list[tuple[int, str, models.Field | None]]  # given fields; with the field if its value needs preparing
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_plan(model: type[models.Model], given: tuple[str, ...], vendor: str) -> _InsertPlan:
+    """What `insert` works out once per model and set of given fields, not
+    per call (for a submission's attempt and task that was half of their
+    INSERTs' CPU): the names, the defaults that never change, prepared for
+    the database once, and which values need preparing. `vendor` keys it to
+    the database the preparation was done for."""
+    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    defaulted = [(i, field) for i, field in enumerate(fields) if field.attname not in given]
+    template: list[Any] = [None] * len(fields)
+    made_per_call = []
+    for i, field in defaulted:
+        if callable(field.default):
+            made_per_call.append((i, field))
+        else:
+            template[i] = field.get_db_prep_save(field.get_default(), connection)
+    # Plain numbers and text go to the driver as they are; JSON becomes its
+    # text (what SQLite stores and COPY reads), times what this database stores.
+    given_at = [(i, field.attname, field if field.get_internal_type() in ("JSONField", "DateTimeField", "DateField")
+                 else None) for i, field in enumerate(fields) if field.attname in given]
+    return _InsertPlan([field.attname for field in fields], template, made_per_call, given_at)
 
 
 # Fewer rows than this are INSERTed on PostgreSQL too.
@@ -69,9 +94,7 @@ def insert_values(model: type[models.Model], names: list[str], rows: list[Sequen
     tasks) go as INSERTs there too: COPY costs a round trip more."""
     if not rows:
         return
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    columns = ", ".join(quote(model._meta.get_field(name).column) for name in names)
+    table, columns = _table_and_columns(model, tuple(names), connection.vendor)
     with connection.cursor() as cursor:
         if connection.vendor != "postgresql" or len(rows) < COPY_MIN_ROWS:
             cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(names))})", rows)
@@ -81,6 +104,14 @@ def insert_values(model: type[models.Model], names: list[str], rows: list[Sequen
         with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
+
+
+@functools.lru_cache(maxsize=64)
+def _table_and_columns(model: type[models.Model], names: tuple[str, ...], vendor: str) -> tuple[str, str]:
+    """`model`'s table and the columns of the fields `names`, quoted for
+    the database `vendor` names; worked out once, not per INSERT."""
+    quote = connection.ops.quote_name
+    return quote(model._meta.db_table), ", ".join(quote(model._meta.get_field(name).column) for name in names)
 
 
 def many(model: type[models.Model], sql: str, rows: list[tuple]) -> None:
@@ -156,16 +187,24 @@ def _db_value(field: models.Field, plain: type | None, obj: models.Model) -> Any
 def _save_new(objs: Sequence[models.Model], unique: tuple[str, ...]) -> None:
     model = type(objs[0])
     fields = _new_row_fields(model)
-    quote = connection.ops.quote_name
-    returning = [model._meta.pk, *(model._meta.get_field(name) for name in unique)]
-    row = f"({', '.join(['%s'] * len(fields))})"
     values = [_db_value(field, plain, obj) for obj in objs for field, plain in fields]
-    sql = (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(field.column) for field, _ in fields)}) "
-           f"VALUES {', '.join([row] * len(objs))} RETURNING {', '.join(quote(field.column) for field in returning)}")
     with connection.cursor() as cursor:
-        cursor.execute(sql, values)
+        cursor.execute(_save_new_sql(model, len(objs), unique, connection.vendor), values)
         ids = {tuple(found[1:]): found[0] for found in cursor.fetchall()}
     for obj in objs:
         obj.pk = ids[tuple(getattr(obj, name) for name in unique)]
         obj._state.adding = False
         obj._state.db = connection.alias
+
+
+@functools.lru_cache(maxsize=64)
+def _save_new_sql(model: type[models.Model], count: int, unique: tuple[str, ...], vendor: str) -> str:
+    """The INSERT of `count` new rows of `model`, made once: per submission
+    its quoting and joining cost more than SQLite took to run it. A few
+    sizes of batch recur (one or a few jobs); `vendor` keys the quoting."""
+    quote = connection.ops.quote_name
+    fields = _new_row_fields(model)
+    returning = [model._meta.pk, *(model._meta.get_field(name) for name in unique)]
+    row = f"({', '.join(['%s'] * len(fields))})"
+    return (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(field.column) for field, _ in fields)}) "
+            f"VALUES {', '.join([row] * count)} RETURNING {', '.join(quote(field.column) for field in returning)}")

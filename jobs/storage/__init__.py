@@ -161,14 +161,10 @@ def _check_output_folder(path: str, *, store: Backend) -> None:
     Only looked at: making it here cost a new inode per submission, a tenth
     of a submission's CPU (perf of bench/api_submit_rate.py's web workers),
     for a job that may never start."""
-    entry = store.stat(path)
-    missing = entry is None
-    while entry is None and path != paths.ROOT:
-        path = paths.parent(path)
-        entry = store.stat(path)
+    entry, own = store.nearest(path)
     if entry is not None and not entry.is_dir:
-        above = ", since outputDir goes inside it" if missing else ""
-        raise StorageError(f"{to_uri(path)} is a file; expected a folder{above}")
+        above = "" if own else ", since outputDir goes inside it"
+        raise StorageError(f"{to_uri(entry.path)} is a file; expected a folder{above}")
 
 
 def ensure_output_dir(*, uri: str, reader: Reader) -> None:

@@ -98,6 +98,17 @@ class Backend(ABC):
 
     # ------------------------------------------------------- built on the above
 
+    def nearest(self, path: str) -> tuple[Entry | None, bool]:
+        """The entry at `path`, or else at the nearest folder above it that
+        has one (None if not even the root has), and whether it is `path`'s
+        own. A stat per level, from `path` up; backends may do it in fewer."""
+        entry = self.stat(path)
+        own = entry is not None
+        while entry is None and path != "/":
+            path = posixpath.dirname(path) or "/"
+            entry = self.stat(path)
+        return entry, own
+
     def require(self, path: str) -> Entry:
         entry = self.stat(path)
         if entry is None:

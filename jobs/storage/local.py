@@ -82,6 +82,32 @@ class LocalBackend(Backend):
     def stat(self, path: str) -> Entry | None:
         return self._entry(path, self._real(path))
 
+    def nearest(self, path: str) -> tuple[Entry | None, bool]:
+        """One walk down from the root, where a stat per level up from
+        `path` resolved the whole path again at every level: outputDir's
+        check on each submission (jobs/storage/__init__.py) took seven
+        lstat calls for a new user's first folders. Anything unusual on the
+        way (a symlink, `..`, a socket) goes the long way, as before."""
+        parts = [p for p in path.split("/") if p]
+        if "." in parts or ".." in parts:
+            return super().nearest(path)
+        current, depth = self._root, 0
+        for part in parts:
+            candidate = os.path.join(current, part)
+            try:
+                mode = os.lstat(candidate).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                break
+            except OSError:
+                return super().nearest(path)
+            if stat_module.S_ISLNK(mode):
+                return super().nearest(path)
+            current, depth = candidate, depth + 1
+        entry = self._entry("/" + "/".join(parts[:depth]), Path(current))
+        if entry is None:  # neither a file nor a folder: what lies above is looked at as stat would
+            return super().nearest(path)
+        return entry, depth == len(parts)
+
     def list(self, path: str) -> list[Entry]:
         real = self._real(path)
         try:

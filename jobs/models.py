@@ -351,8 +351,11 @@ class Job(JobFacts, models.Model):
     secrets_sealed = models.TextField(blank=True)
     upload_outputs = models.BooleanField(default=False)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # Indexed only where set (job_stop_requested_by_idx): a new job has no
+    # stopper, and a whole index of NULLs was one more B-tree to write for
+    # every submission.
     stop_requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
 
     objects = JobQuerySet.as_manager()
@@ -373,6 +376,10 @@ class Job(JobFacts, models.Model):
             models.Index(fields=["total_gpus", "id"], name="job_gpus_sort_idx"),
             models.Index(fields=["total_tasks", "id"], name="job_tasks_sort_idx"),
             models.Index(fields=["attempt_number", "id"], name="job_retries_sort_idx"),
+            # Lookups are by a user (`= ?` and `IN`: the SET_NULL when a user
+            # goes, the foreign key's own check), which only set rows match.
+            models.Index(fields=["stop_requested_by"], condition=Q(stop_requested_by__isnull=False),
+                         name="job_stop_requested_by_idx"),
         ]
         ordering = ["-submitted_at", "-id"]
 

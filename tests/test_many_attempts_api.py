@@ -76,3 +76,34 @@ def test_the_status_reads_the_newest_two_attempts_however_many_ran(alice):
     finally:
         post_init.disconnect(count, sender=TaskAttempt)
     assert sorted({attempt.number for attempt in made}) == [8, 9] and len(made) == 4
+
+
+def test_the_v2_status_lists_the_newest_attempts_and_job_attempts_lists_all(alice, bob):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.api.views import jobs_v2
+
+    client = _api(alice)
+    client.get("/api/v1/jobs")  # the token's first use is written once: not counted below
+    path = f"/api/v2/jobs/{alice.username}~retried_12"
+    _job(alice, "retried_12", tasks=2, retries=11, placed=12)
+    with CaptureQueriesContext(connection) as queries:
+        status = client.get(path).json()
+    assert [a["attemptIndex"] for a in status["jobAttempts"]] == list(range(13 - jobs_v2.STATUS_ATTEMPTS, 13))
+    assert status["jobAttemptCount"] == 12
+    newest = status["jobAttempts"][-1]
+    assert newest["isLatest"] and [t["containerId"] for t in newest["taskRoles"]["main"]["taskStatuses"]] == [
+        "c12-0", "c12-1"]
+    # One query for the listed attempts' tasks, not one per attempt.
+    by_job_attempt = [q["sql"] for q in queries.captured_queries if '"job_attempt_id" IN (' in q["sql"]
+                      or '"job_attempt_id" = ' in q["sql"]]
+    assert len(by_job_attempt) == 1, by_job_attempt
+
+    every = client.get(path + "/job-attempts").json()
+    assert [a["attemptIndex"] for a in every] == list(range(1, 13))
+    assert [t["containerId"] for t in every[0]["taskRoles"]["main"]["taskStatuses"]] == ["c1-0", "c1-1"]
+    assert client.get(path + "/job-attempts/3").json() == every[2]
+    # Another user and an anonymous client see none of it.
+    for other in (_api(bob), Client()):
+        assert other.get(path).status_code in (401, 404) and other.get(path + "/job-attempts").status_code in (401, 404)

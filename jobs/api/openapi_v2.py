@@ -48,7 +48,9 @@ def _v2_schemas() -> dict[str, Schema]:
         "JobSummaryV2": summary,
         "JobStatusV2": {"allOf": [ref("JobStatus"), obj({
             "protocolVersion": {"type": "integer", "enum": [1, 2]}, "tags": {"type": "array", "items": STRING},
-            "jobAttempts": {"type": "array", "items": attempt}})]},
+            "jobAttempts": {"type": "array", "items": attempt,
+                            "description": "The newest 10 job attempts; every one at .../job-attempts."},
+            "jobAttemptCount": INTEGER})]},
         "ProtocolV2": {"type": "object", "additionalProperties": True, "required": ["protocolVersion", "name",
                                                                                    "type", "taskRoles"],
                        "description": "OpenPAI protocol v2 (github.com/microsoft/openpai-protocol, "

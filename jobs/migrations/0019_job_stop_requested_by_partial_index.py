@@ -32,7 +32,7 @@ def add_index(apps, schema_editor) -> None:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobs", "0017_job_task_attempt_fk_without_own_index"),
+        ("jobs", "0018_cordon_unreadable_node_rows"),
     ]
 
     operations = [

@@ -89,14 +89,25 @@ def _submit(request: HttpRequest) -> HttpResponse:
     return ok({"message": f"update job {job.name} successfully"}, status=202, headers={"Location": location})
 
 
-def _attempt_body(request: HttpRequest, job: Job, attempt: JobAttempt) -> dict:
-    by_role: dict[str, list[dict]] = {role.name: [] for role in job.spec.task_roles}
-    for task_attempt in TaskAttempt.objects.filter(job_attempt=attempt).select_related("task").order_by("task__index"):
+# A job's status lists its newest job attempts, each with every task's
+# container; the rest are at .../job-attempts. A job of 1,000 tasks and 100
+# retries would otherwise answer each status call with 101,000 of them.
+STATUS_ATTEMPTS = 10
+
+
+def _attempt_bodies(request: HttpRequest, job: Job, attempts: list[JobAttempt]) -> list[dict]:
+    """Each job attempt with its tasks' containers, from one query."""
+    by_attempt: dict[int, dict[str, list[dict]]] = {
+        attempt.pk: {role.name: [] for role in job.spec.task_roles} for attempt in attempts}
+    task_attempts = (TaskAttempt.objects.filter(job_attempt__in=[attempt.pk for attempt in attempts])
+                     .select_related("task").order_by("number", "task__index"))
+    for task_attempt in task_attempts:
         task = task_attempt.task
         log_url = api_url(request, "task_log", username=job.owner.username, name=job.name, role=task.role,
                           index=task.index)
-        by_role.setdefault(task.role, []).append(serializers.task_status(task, task_attempt, log_url))
-    return {
+        by_attempt[task_attempt.job_attempt_id].setdefault(task.role, []).append(
+            serializers.task_status(task, task_attempt, log_url))
+    return [{
         "jobName": job.name,
         "attemptIndex": attempt.number,
         "attemptState": attempt.state,
@@ -107,8 +118,8 @@ def _attempt_body(request: HttpRequest, job: Job, attempt: JobAttempt) -> dict:
         "exitCode": attempt.exit_code,
         "exitType": attempt.exit_type or None,
         "exitDiagnostics": attempt.exit_reason,
-        "taskRoles": {role: {"taskStatuses": statuses} for role, statuses in by_role.items()},
-    }
+        "taskRoles": {role: {"taskStatuses": statuses} for role, statuses in by_attempt[attempt.pk].items()},
+    } for attempt in attempts]
 
 
 @handler(Access.USER)
@@ -117,7 +128,9 @@ def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
     body = v1.status_body(request, job)
     body["protocolVersion"] = protocol_of(job.config_raw)
     body["tags"] = list(job.tags.values_list("value", flat=True))
-    body["jobAttempts"] = [_attempt_body(request, job, attempt) for attempt in job.attempts.order_by("number")]
+    newest = sorted(job.attempts.order_by("-number")[:STATUS_ATTEMPTS], key=lambda attempt: attempt.number)
+    body["jobAttempts"] = _attempt_bodies(request, job, newest)
+    body["jobAttemptCount"] = job.attempts.count() if len(newest) == STATUS_ATTEMPTS else len(newest)
     return ok(body)
 
 
@@ -134,7 +147,7 @@ def _config(request: HttpRequest, username: str, name: str) -> HttpResponse:
 @handler(Access.USER)
 def _attempts(request: HttpRequest, username: str, name: str) -> HttpResponse:
     job = v1.find_job(request, username, name)
-    return ok([_attempt_body(request, job, attempt) for attempt in job.attempts.order_by("number")])
+    return ok(_attempt_bodies(request, job, list(job.attempts.order_by("number"))))
 
 
 @handler(Access.USER)
@@ -144,7 +157,7 @@ def _attempt(request: HttpRequest, username: str, name: str, number: str) -> Htt
     attempt = job.attempts.filter(number=attempt_number).first() if attempt_number is not None else None
     if attempt is None:
         raise ApiError("NoJobError", f"Job {name} of user {username} has no attempt {number}.")
-    return ok(_attempt_body(request, job, attempt))
+    return ok(_attempt_bodies(request, job, [attempt])[0])
 
 
 def _owned_job(request: HttpRequest, username: str, name: str) -> Job:

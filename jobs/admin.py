@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs import services
+from jobs.ids import parse_id
 from jobs.login_forms import RateLimitedAdminLoginForm
 from jobs.models import (
     GPUS_EXAMPLE,
@@ -26,6 +27,7 @@ from jobs.models import (
     UserLimit,
     VirtualCluster,
 )
+from jobs.services import tokens
 from jobs.services.nodes import node_address_clash
 
 # The admin's login counts failures like the portal's own login (one limit).
@@ -35,6 +37,16 @@ admin.site.login_form = RateLimitedAdminLoginForm
 @admin.register(User)
 class UserAdmin(BaseUserAdmin):
     list_display = ("username", "email", "is_staff", "is_active", "last_login")
+
+    def user_change_password(self, request: HttpRequest, id: str, form_url: str = ""):  # noqa: A002 (Django's name)
+        """An admin's reset of a password revokes the user's API tokens, as a
+        change through the API does: a reset is what follows a stolen one."""
+        before = User.objects.filter(pk=parse_id(id)).values_list("password", flat=True).first()
+        response = super().user_change_password(request, id, form_url)
+        user = User.objects.filter(pk=parse_id(id)).first()
+        if user is not None and before is not None and user.password != before:
+            tokens.tokens_revoke_all(user=user)
+        return response
 
 
 @admin.register(VirtualCluster)

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from urllib.parse import quote, unquote, urlencode
 
 from django.conf import settings
+from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -242,12 +243,17 @@ def ssh_key_add(*, user: User, title: str, public_key: str) -> SshKey:
     title = title.strip() or (line.split(" ", 2)[2] if line.count(" ") >= 2 else fingerprint)
     if len(title) > 100:
         raise SshKeyError("title", "expected at most 100 characters")
-    existing = SshKey.objects.filter(user=user, fingerprint=fingerprint).first()
-    if existing is not None:
-        raise SshKeyError("public_key", f'you already added this key, as "{existing.title}"')
-    if SshKey.objects.filter(user=user).count() >= MAX_SSH_KEYS_PER_USER:
-        raise SshKeyError("public_key", f"you have {MAX_SSH_KEYS_PER_USER} keys already; delete one first")
-    return SshKey.objects.create(user=user, title=title, public_key=line, fingerprint=fingerprint)
+    with transaction.atomic():
+        # The user's row, locked, makes the checks and the insert one step for
+        # that user's concurrent requests: neither the same key twice nor a
+        # key past the limit (PostgreSQL; SQLite takes one writer at a time).
+        User.objects.select_for_update().filter(pk=user.pk).first()
+        existing = SshKey.objects.filter(user=user, fingerprint=fingerprint).first()
+        if existing is not None:
+            raise SshKeyError("public_key", f'you already added this key, as "{existing.title}"')
+        if SshKey.objects.filter(user=user).count() >= MAX_SSH_KEYS_PER_USER:
+            raise SshKeyError("public_key", f"you have {MAX_SSH_KEYS_PER_USER} keys already; delete one first")
+        return SshKey.objects.create(user=user, title=title, public_key=line, fingerprint=fingerprint)
 
 
 def ssh_key_delete(*, user: User, key_id: int) -> bool:

@@ -49,6 +49,10 @@ class VirtualClusterGone(Exception):
     """The job's virtual cluster was removed while the job was being stored."""
 
 
+class OwnerGone(Exception):
+    """The job's owner was deleted while the job was being stored."""
+
+
 class WaitingLimitReached(Exception):
     """The owner already has `waiting` waiting jobs in the job's virtual
     cluster, and may have at most `limit`."""
@@ -136,14 +140,22 @@ def _lead() -> None:
             _queue.ready.notify_all()
 
 
-def _write(batch: list[_Pending]) -> None:
+def _write(batch: list[_Pending], *, again: bool = True) -> None:
     try:
         with transaction.atomic():
             _insert(batch)
         return
     except Exception as exc:  # noqa: BLE001 -- decided per job below, never for the whole batch
         if len(batch) == 1:
-            batch[0].error = _refusal(batch[0], exc)
+            refusal = _refusal(batch[0], exc)
+            if refusal is exc and isinstance(exc, IntegrityError) and again:
+                # Whatever the database refused it for is gone now: a job of
+                # that name deleted meanwhile (a v1 PUT submitting a finished
+                # job's name again). Once more, as if it had come a moment later.
+                batch[0].job.pk = None
+                _write(batch, again=False)
+                return
+            batch[0].error = refusal
             return
     # Some job in the batch cannot be stored (a taken name, a name given
     # twice, a virtual cluster removed meanwhile, data the database refuses):
@@ -162,6 +174,8 @@ def _refusal(pending: _Pending, exc: Exception) -> Exception:
             return NameTaken()
         if not VirtualCluster.objects.filter(pk=job.virtual_cluster_id).exists():
             return VirtualClusterGone()
+        if not User.objects.filter(pk=job.owner_id).exists():
+            return OwnerGone()
     return exc
 
 

@@ -230,8 +230,13 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
     """
     stops: list[tuple[str, int]] = []
     with transaction.atomic():
+        job_id = TaskAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).get()
+        # The job's row first, then the task as it is under that lock: a stop
+        # (or a drain, or the job's end) sets the task's stop_reason holding
+        # the same lock, and an exit judged on a copy read before it would
+        # call a stopped task the user's failure (PostgreSQL).
+        job = Job.objects.select_for_update().select_related("owner").get(pk=job_id)
         attempt = TaskAttempt.objects.select_related("task").get(pk=attempt_id)
-        job = Job.objects.select_for_update().select_related("owner").get(pk=attempt.job_id)
         state, exit_type, reason = _classify(attempt, result, attempt.memory_mb)
         now = result.finished_at or timezone.now()
         updated = TaskAttempt.objects.filter(pk=attempt_id, state__in=ACTIVE_TASK_STATES).update(

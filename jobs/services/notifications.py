@@ -286,11 +286,15 @@ def delivery_try(delivery_id: int) -> str | None:
 # the same URL wait with it, untried, and are tried after it: a receiver
 # that is down costs one try per wait of WEBHOOK_RETRY_SECONDS, however many
 # events its user's jobs make, and the threads stay free for other users.
-# A held delivery keeps its tries; it is tried for real once no failed
-# delivery is waiting before it (the receiver answered, or the failed one
-# gave up).
+#
+# The held ones come due a try's length after the failed one, so that its
+# try (on whichever node's thread) comes first; and while that try is under
+# way they wait for it too. A held delivery keeps its tries; it is tried for
+# real once no failed delivery is waiting before it (the receiver answered,
+# or the failed one gave up).
 
 _NOT_HELD = "not held"
+HOLD_MARGIN_SECONDS = 1.0
 
 
 def _hold_behind_failure(delivery_id: int) -> str | None:
@@ -303,19 +307,29 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
         "webhook_url", flat=True).first()
     if not url:
         return _NOT_HELD
-    failed = (NotificationDelivery.objects.filter(user_id=delivery["user_id"], channel=Channel.WEBHOOK,
-                                                  status=Status.RETRYING, tries__gte=1, target=url,
-                                                  next_try_at__gt=timezone.now())
-              .exclude(pk=delivery_id).order_by("next_try_at").values("id", "next_try_at", "result").first())
-    if failed is None:
-        return _NOT_HELD
+    now = timezone.now()
+    same_receiver = NotificationDelivery.objects.filter(
+        user_id=delivery["user_id"], channel=Channel.WEBHOOK, target=url).exclude(pk=delivery_id)
+    try_length = timedelta(seconds=settings.WEBHOOK_TIMEOUT_SECONDS + HOLD_MARGIN_SECONDS)
+    failed = (same_receiver.filter(status=Status.RETRYING, tries__gte=1, next_try_at__gt=now)
+              .order_by("next_try_at").values("id", "next_try_at", "result").first())
+    if failed is not None:
+        due = failed["next_try_at"] + try_length
+        why = f"this webhook did not take delivery {failed['id']} ({failed['result']})"
+    else:
+        # A failed one being tried again right now (a second try or later).
+        retrying = (same_receiver.filter(status=Status.SENDING, tries__gte=2, last_try_at__gt=now - try_length)
+                    .values("id").first())
+        if retrying is None:
+            return _NOT_HELD
+        first_wait = settings.WEBHOOK_RETRY_SECONDS[0] if settings.WEBHOOK_RETRY_SECONDS else 0
+        due = now + max(try_length, timedelta(seconds=first_wait))
+        why = f"delivery {retrying['id']}, which this webhook did not take before, is being tried again"
     held = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING)).update(
-        status=Status.RETRYING, target=url, next_try_at=failed["next_try_at"],
-        result=(f"not tried yet: this webhook did not take delivery {failed['id']} ({failed['result']}); "
-                "tried after it")[:2000])
+        status=Status.RETRYING, target=url, next_try_at=due, result=f"not tried yet: {why}; tried after it"[:2000])
     if not held:
         return None
-    queues.schedule_delivery_retry(delivery_id, failed["next_try_at"].timestamp())
+    queues.schedule_delivery_retry(delivery_id, due.timestamp())
     return Status.RETRYING
 
 

@@ -119,6 +119,9 @@ def _submit(owner: User, config: str | bytes | ParsedConfig, upload_outputs: boo
         return job_store.store(job, roles=roles, max_waiting=limits.limits_for(user=owner, vc=vc).max_waiting_jobs)
     except job_store.NameTaken:
         raise SubmitError("ConflictJobError", f'you already have a job named "{spec.job_name}"', "jobName") from None
+    except job_store.OwnerGone:
+        raise SubmitError("NoUserError", f"user {owner.username} was removed while the job was being stored",
+                          "jobName") from None
     except job_store.VirtualClusterGone:
         raise SubmitError("NoVirtualClusterError", f'virtual cluster "{vc.name}" was removed while the job was '
                                                    "being stored", "virtualCluster") from None

@@ -57,14 +57,27 @@ class TooManyTokens(Exception):
                          "revoke some on your profile page (or let them expire) first")
 
 
+class CredentialsChanged(Exception):
+    """The user's password changed (or the user went) after they were
+    authenticated for this token: it would outlive the revocation."""
+
+    def __init__(self) -> None:
+        super().__init__("your password was changed while the token was being made; sign in again")
+
+
 def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToken:
+    """A new token for `user` as they were authenticated (their password hash
+    then is `user.password`)."""
     key = TOKEN_PREFIX + secrets.token_urlsafe(32)
     now = timezone.now()
     with transaction.atomic():
         # The user's row, locked, makes the count and the insert one step for
         # that user's concurrent requests (PostgreSQL; SQLite takes one
-        # writer at a time anyway).
-        User.objects.select_for_update().filter(pk=user.pk).first()
+        # writer at a time anyway), and orders this against a password change
+        # (users.user_change_password), which revokes every token under it.
+        current = User.objects.select_for_update().filter(pk=user.pk).values_list("password", flat=True).first()
+        if current is None or current != user.password:
+            raise CredentialsChanged()
         live = ApiToken.objects.filter(user=user, revoked_at__isnull=True, expires_at__gt=now)
         if live.count() >= MAX_LIVE_TOKENS_PER_USER:
             raise TooManyTokens()

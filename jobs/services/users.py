@@ -92,9 +92,14 @@ def user_change_password(*, user: User, password: str, by: User, current_passwor
         if not user.check_password(current_password):
             raise UserError("ForbiddenUserError", "oldPassword is not your current password.")
     _check_password(password, user)
-    user.set_password(password)
-    user.save(update_fields=["password"])
-    tokens.tokens_revoke_all(user=user, keep_key=keep_token_key)
+    with transaction.atomic():
+        # Under the lock token_create takes: a token is either made before
+        # (and revoked here) or refused there (the password it was asked
+        # with is no longer the user's).
+        User.objects.select_for_update().filter(pk=user.pk).first()
+        user.set_password(password)
+        user.save(update_fields=["password"])
+        tokens.tokens_revoke_all(user=user, keep_key=keep_token_key)
     return user
 
 
@@ -110,6 +115,11 @@ def user_delete(*, user: User, by: User) -> None:
     if user.is_admin:
         raise UserError("RemoveAdminError", f"Admin {user.username} is not allowed to remove; make them a non-admin first.")
     with transaction.atomic():
+        # The user's row, locked, before counting: a job the user submits
+        # meanwhile either is counted (committed first) or fails its foreign
+        # key check at commit (jobs/services/job_store.py: OwnerGone), never
+        # is deleted with its owner after a 202.
+        User.objects.select_for_update().filter(pk=user.pk).first()
         unfinished = Job.objects.filter(owner=user).exclude(state__in=FINAL_STATES).count()
         if unfinished:
             raise UserError("ConflictUserError",

@@ -39,7 +39,7 @@ def token_create(request: HttpRequest) -> HttpResponse:
     label = form.cleaned_data["label"].strip() or "web"
     try:
         made = tokens.token_create(user=request.user, lifetime=timedelta(days=form.cleaned_data["days"]), label=label)
-    except tokens.TooManyTokens as exc:
+    except (tokens.TooManyTokens, tokens.CredentialsChanged) as exc:
         messages.error(request, f"The token was not created: {exc}.")
         return _back()
     request.session[NEW_TOKEN] = {"id": made.token.pk, "key": made.key}

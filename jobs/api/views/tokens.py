@@ -32,6 +32,8 @@ def _create(request: HttpRequest) -> HttpResponse:
         made = tokens.token_create(user=user, lifetime=timedelta(seconds=seconds), label=label)
     except tokens.TooManyTokens as exc:
         raise ApiError("TooManyTokensError", f"No token was made: {exc}.") from None
+    except tokens.CredentialsChanged as exc:
+        raise ApiError("IncorrectPasswordError", f"No token was made: {exc}.") from None
     return ok({"token": made.key, "user": user.username, "admin": user.is_admin,
                "expiresAt": made.token.expires_at.isoformat()})
 

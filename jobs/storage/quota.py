@@ -14,9 +14,10 @@ processes and node agents) for STORAGE_USAGE_CACHE_SECONDS, and every write
 through this package adds what it stored, so a burst of uploads walks a
 home once, not once per upload. A delete forgets the measurement (the next
 check measures again). Files that appear another way (an HDFS client, a
-shell on the storage host) count once the kept value expires. Two writes
-checked at the same moment can together pass the quota by at most one
-upload: the check and the write are not one transaction.
+shell on the storage host) count once the kept value expires. Writes
+checked at the same moment are each checked without the others: N of them
+can together pass the quota by up to N - 1 uploads (each within the
+per-file limit), since the check and the write are not one transaction.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from jobs.models import ApiToken, Job, State, TaskAttempt, VirtualCluster
+from jobs.models import ApiToken, Job, State, TaskAttempt, User, VirtualCluster
 from jobs.services import parse_for_user, ratelimit, tokens
 from jobs.services.scheduling import ready_nodes
 from jobs.spec import SpecError
@@ -313,7 +313,7 @@ def test_a_job_submitted_through_the_api_runs_and_reports_everything(cluster, al
     }
     expect(api.get(f"/user/{alice.username}/jobs/apijob/ssh"), 404, "NoJobSshInfoError")  # it has ended
     expect(api.post(f"/user/{alice.username}/jobs", raw=text), 409, "ConflictJobError")
-    assert expect(api.delete(f"/user/{alice.username}/jobs/apijob"), 200)["message"] == "delete job apijob successfully"
+    assert expect(api.delete(f"/user/{alice.username}/jobs/apijob"), 202)["message"] == "deleted job apijob successfully"
     expect(api.get(f"/user/{alice.username}/jobs/apijob"), 404, "NoJobError")
     assert not Job.objects.filter(owner=alice, name="apijob").exists()
 
@@ -498,10 +498,18 @@ def test_admins_manage_users_and_users_only_their_own_password(cluster, alice, a
     assert "password" in expect(admin.put("/user", {**created, "username": name + "x", "password": "123"}), 400,
                                 "InvalidParametersError")["message"]
     expect(admin.put("/user", {"username": "ghost_" + name, "password": "x-Long-pass-phrase-2", "modify": True}),
-           400, "NoUserError")
+           404, "NoUserError")
     expect(admin.put("/user", {**created, "admin": "yes"}), 400, "InvalidParametersError")
     users = {u["username"]: u for u in expect(admin.get("/user"), 200)}
-    assert users[name] == {"username": name, "admin": False, "active": True, "virtualCluster": ""}
+
+    def usable(username: str) -> str:
+        """What OpenPAI's virtualCluster lists: every virtual cluster the
+        user may submit to, default first (OpenPAI's SDK splits it)."""
+        names = VirtualCluster.objects.usable_by(User.objects.get(username=username)).values_list("name", flat=True)
+        return ",".join(sorted(names, key=lambda vc: (vc != "default", vc)))
+
+    assert users[name] == {"username": name, "admin": False, "active": True, "virtualCluster": usable(name)}
+    assert users[name]["virtualCluster"].split(",")[0] == "default"
 
     newcomer = Api(cluster.base_url, expect(Api(cluster.base_url).post("/token", {
         "username": name, "password": "a-Long-pass-phrase-1"}), 200)["token"])
@@ -515,17 +523,17 @@ def test_admins_manage_users_and_users_only_their_own_password(cluster, alice, a
     vc = hold_vc(f"hold_{alice.username}")
     expect(admin.put(f"/user/{name}/virtualClusters", {"virtualClusters": f"{vc.name},default"}), 201)
     users = {u["username"]: u for u in expect(admin.get("/user"), 200)}
-    assert users[name]["virtualCluster"] == f"default,{vc.name}"
+    assert users[name]["virtualCluster"] == usable(name) and vc.name in usable(name).split(",")
     expect(newcomer.post(f"/user/{name}/jobs", config("mine", role(), virtualCluster=vc.name)), 202)
-    expect(admin.put(f"/user/{name}/virtualClusters", {"virtualClusters": "nowhere"}), 404, "NoVirtualClusterError")
+    expect(admin.put(f"/user/{name}/virtualClusters", {"virtualClusters": "nowhere"}), 400, "NoVirtualClusterError")
     expect(admin.put(f"/user/{name}/virtualClusters", {"virtualClusters": 7}), 400, "InvalidParametersError")
-    expect(admin.put(f"/user/ghost_{name}/virtualClusters", {"virtualClusters": "default"}), 400, "NoUserError")
+    expect(admin.put(f"/user/ghost_{name}/virtualClusters", {"virtualClusters": "default"}), 404, "NoUserError")
     expect(api.put(f"/user/{name}/virtualClusters", {"virtualClusters": "default"}), 403, "ForbiddenUserError")
 
     expect(admin.delete("/user", {"username": admin_user.username}), 403, "RemoveAdminError")
     expect(admin.delete("/user", {"username": name}), 409, "ConflictUserError")  # a job still waits
     expect(newcomer.put(f"/user/{name}/jobs/mine/executionType", {"value": "STOP"}), 202)
-    expect(admin.delete("/user", {"username": "ghost_" + name}), 400, "NoUserError")
+    expect(admin.delete("/user", {"username": "ghost_" + name}), 404, "NoUserError")
     expect(admin.delete("/user"), 400, "InvalidParametersError")
     expect(api.delete("/user", {"username": name}), 403, "ForbiddenUserError")
     assert expect(admin.delete("/user", params={"username": name}), 200) == {"message": "remove successfully"}

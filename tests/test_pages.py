@@ -306,17 +306,20 @@ def test_a_job_of_many_retries_reads_only_the_shown_attempts_tasks(alice, bob, m
         return [str(made[number, index].pk) for number in numbers for index in range(tasks)]
 
     client = client_for(alice)
-    for path in (f"/jobs/{job.pk}/", f"/jobs/{job.pk}/live/"):
-        html = client.get(path).content.decode()
-        assert html.count('class="task-row"') == tasks
-        # The shown (current) attempt's 3, then the newest 4 of the others.
-        assert menu(html) == [("5", ids(5)), ("4", ids(4)), ("3", [str(made[3, 0].pk)])]
-    older = client.get(f"/jobs/{job.pk}/?attempt=2").content.decode()
-    assert all(f">c2{index}<" in older for index in range(tasks)) and ">c50<" not in older  # attempt 2's table
-    assert menu(older) == [("5", ids(5)), ("4", [str(made[4, 0].pk)]), ("2", ids(2))]
-    # Another user and an anonymous client see none of it.
-    assert client_for(bob).get(f"/jobs/{job.pk}/live/").status_code == 404
-    assert Client().get(f"/jobs/{job.pk}/live/").status_code == 302
+    try:
+        for path in (f"/jobs/{job.pk}/", f"/jobs/{job.pk}/live/"):
+            html = client.get(path).content.decode()
+            assert html.count('class="task-row"') == tasks
+            # The shown (current) attempt's 3, then the newest 4 of the others.
+            assert menu(html) == [("5", ids(5)), ("4", ids(4)), ("3", [str(made[3, 0].pk)])]
+        older = client.get(f"/jobs/{job.pk}/?attempt=2").content.decode()
+        assert all(f">c2{index}<" in older for index in range(tasks)) and ">c50<" not in older  # attempt 2's table
+        assert menu(older) == [("5", ids(5)), ("4", [str(made[4, 0].pk)]), ("2", ids(2))]
+        # Another user and an anonymous client see none of it.
+        assert client_for(bob).get(f"/jobs/{job.pk}/live/").status_code == 404
+        assert Client().get(f"/jobs/{job.pk}/live/").status_code == 302
+    finally:  # its running tasks would hold the default virtual cluster's CPUs for the tests after
+        job.delete()
 
 
 def test_it_stops_a_job_after_asking_first(alice):

@@ -41,6 +41,7 @@ from jobs.models import (
 from jobs.services import access, job_store, lifecycle, notifications, tokens, users
 
 THREADS = 12
+NEVER_FITS_GPUS = 64  # no node has that many: a job here waits until stopped, whatever agents run meanwhile
 Status = NotificationDelivery.Status
 
 
@@ -121,7 +122,8 @@ def test_a_user_deleted_while_submitting_leaves_no_accepted_job_behind(make_user
     monkeypatch.setattr(User, "delete", delete)
     deleting, deleted = _in_thread(lambda: users.user_delete(user=User.objects.get(pk=victim.pk), by=admin_user))
     assert counted.wait(10)
-    submitting, submitted = _in_thread(lambda: services.job_submit(owner=victim, config=_config("during_delete")))
+    during = _config("during_delete", gpuNumber=NEVER_FITS_GPUS)
+    submitting, submitted = _in_thread(lambda: services.job_submit(owner=victim, config=during))
     deleting.join()
     submitting.join()
     assert "error" not in deleted, deleted
@@ -200,7 +202,7 @@ def test_ssh_keys_added_at_once_stop_at_the_limit_and_never_repeat(alice, bob):
 
 
 def test_a_finished_jobs_name_submitted_while_it_is_deleted_is_taken(alice, redis_server, monkeypatch):
-    job = services.job_submit(owner=alice, config=_config("rerun"))
+    job = services.job_submit(owner=alice, config=_config("rerun", gpuNumber=NEVER_FITS_GPUS))
     services.job_stop(job=job, by=alice)
     key = tokens.token_create(user=alice, lifetime=timedelta(hours=1)).key
     refusal = job_store._refusal
@@ -212,7 +214,7 @@ def test_a_finished_jobs_name_submitted_while_it_is_deleted_is_taken(alice, redi
         return refusal(pending, exc)
 
     monkeypatch.setattr(job_store, "_refusal", deleted_meanwhile)
-    answer = Client().put(f"/api/v1/user/{alice.username}/jobs/rerun", _config("rerun"),
+    answer = Client().put(f"/api/v1/user/{alice.username}/jobs/rerun", _config("rerun", gpuNumber=NEVER_FITS_GPUS),
                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}")
     assert answer.status_code == 202, answer.content
     assert Job.objects.get(owner=alice, name="rerun").state == State.WAITING

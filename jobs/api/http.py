@@ -79,7 +79,7 @@ def _dispatch(request: HttpRequest, function: Handler | None, allow: str, kwargs
     except SubmitError as exc:  # the services' refusals carry OpenPAI's code names already
         return error_response(exc.code, exc.message, extra={"field": exc.field} if exc.field else None)
     except UserError as exc:
-        return error_response(exc.code, exc.message)
+        return error_response(exc.code, exc.message, status=exc.status)
     except RequestDataTooBig:
         return error_response("RequestTooLargeError",
                               f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 1024} KB.")

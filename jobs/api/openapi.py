@@ -18,7 +18,8 @@ Schema = dict[str, Any]
 
 JOB_STATES = list(State.values)
 # The API calls a task with no container yet WAITING, before the stored states.
-TASK_STATES = ["WAITING", *TaskState.values]
+# As OpenPAI names them: a task placed but not started yet is WAITING.
+TASK_STATES = ["WAITING", *(state for state in TaskState.values if state not in ("ASSIGNED", "LAUNCHING"))]
 
 
 def ref(name: str) -> Schema:
@@ -262,11 +263,39 @@ def _schemas() -> dict[str, Schema]:
     }
 
 
+def _job_operations(accepted: Schema, submit_errors: Schema) -> dict[str, Schema]:
+    """A job's operations, served at /user/{username}/jobs/{name} and at
+    /jobs/{username}~{name} alike."""
+    message = ref("Message")
+    return {
+        "job": {
+            "get": operation("Get a job's status", {**answer(200, "The job and its tasks.", ref("JobStatus")),
+                                                     **errors(401, 404)}, tag="jobs"),
+            "put": operation("Submit a job by name", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
+                             tag="jobs", description="jobName may be left out of the config; if given it must "
+                             "match the path."),
+            "delete": operation("Delete a finished job", {**answer(202, "Deleted, with its tasks and logs.", message),
+                                                           **errors(401, 404, 409)}, tag="jobs"),
+        },
+        "config": {"get": operation(
+            "Get a job's config", {**answer(200, "The config as submitted (comments left out).",
+                                            {"type": "object", "additionalProperties": True}),
+                                   **errors(401, 404)}, tag="jobs")},
+        "executionType": {"put": operation(
+            "Stop a job", {**answer(202, "Stopping (or already ended).", message), **errors(400, 401, 404, 413)},
+            request_body=body(ref("ExecutionType")), tag="jobs")},
+        "ssh": {"get": operation(
+            "Get a job's SSH info", {**answer(200, "Where each running task's sshd listens, and the key.",
+                                              ref("SshInfo")), **errors(401, 404)}, tag="access")},
+    }
+
+
 def _paths() -> dict[str, Schema]:
     message = ref("Message")
     accepted = answer(202, "Accepted: the job waits for the scheduler.", message,
                       {"Location": {"description": "the job's status URL", "schema": STRING}})
     submit_errors = errors(400, 401, 403, 404, 409, 413, 429)
+    job = _job_operations(accepted, submit_errors)
     return {
         "/": {"get": operation("Get API info", answer(200, "What this server is.", ref("Info")), public=True,
                                tag="api")},
@@ -278,10 +307,17 @@ def _paths() -> dict[str, Schema]:
             request_body=body(ref("TokenRequest"), form=True), tag="auth",
             description="Send it as `Authorization: Bearer <token>`. A wrong password and an unknown user get the "
                         "same IncorrectPasswordError. Repeated failures are refused for a while (429).")},
-        "/jobs": {"get": operation(
-            "List jobs", {**answer(200, "Your jobs (an admin: everyone's), newest first.",
-                                   {"type": "array", "items": ref("JobSummary")}, PAGE_HEADERS), **errors(400, 401)},
-            parameters=[query_param("username", "only this user's jobs", STRING), *PAGING], tag="jobs")},
+        "/jobs": {
+            "get": operation(
+                "List jobs", {**answer(200, "Your jobs (an admin: everyone's), newest first.",
+                                       {"type": "array", "items": ref("JobSummary")}, PAGE_HEADERS),
+                              **errors(400, 401)},
+                parameters=[query_param("username", "only this user's jobs", STRING), *PAGING], tag="jobs"),
+            "post": operation("Submit a job as yourself", {**accepted, **submit_errors},
+                              request_body=body(ref("JobConfig")), tag="jobs",
+                              description="As POST /user/{username}/jobs with your own name."),
+        },
+        **_framework_paths(accepted, submit_errors),
         "/user/{username}/jobs": {
             "parameters": [USERNAME],
             "get": operation("List a user's jobs", {
@@ -293,26 +329,9 @@ def _paths() -> dict[str, Schema]:
                               "NoEnoughQuotaError when you have as many waiting jobs in the virtual cluster as an "
                               "admin allows you there."),
         },
-        "/user/{username}/jobs/{name}": {
-            "parameters": JOB_PARAMS,
-            "get": operation("Get a job's status", {**answer(200, "The job and its tasks.", ref("JobStatus")),
-                                                     **errors(401, 404)}, tag="jobs"),
-            "put": operation("Submit a job by name", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
-                             tag="jobs", description="jobName may be left out of the config; if given it must "
-                             "match the path."),
-            "delete": operation("Delete a finished job", {**answer(200, "Deleted, with its tasks and logs.", message),
-                                                           **errors(401, 404, 409)}, tag="jobs"),
-        },
-        "/user/{username}/jobs/{name}/config": {"parameters": JOB_PARAMS, "get": operation(
-            "Get a job's config", {**answer(200, "The config as submitted (comments left out).",
-                                            {"type": "object", "additionalProperties": True}),
-                                   **errors(401, 404)}, tag="jobs")},
-        "/user/{username}/jobs/{name}/executionType": {"parameters": JOB_PARAMS, "put": operation(
-            "Stop a job", {**answer(202, "Stopping (or already ended).", message), **errors(400, 401, 404, 413)},
-            request_body=body(ref("ExecutionType")), tag="jobs")},
-        "/user/{username}/jobs/{name}/ssh": {"parameters": JOB_PARAMS, "get": operation(
-            "Get a job's SSH info", {**answer(200, "Where each running task's sshd listens, and the key.",
-                                              ref("SshInfo")), **errors(401, 404)}, tag="access")},
+        **{f"/user/{{username}}/jobs/{{name}}{suffix}": {"parameters": JOB_PARAMS, **operations}
+           for suffix, operations in (("", job["job"]), ("/config", job["config"]),
+                                      ("/executionType", job["executionType"]), ("/ssh", job["ssh"]))},
         "/user/{username}/jobs/{name}/ssh/key": {"parameters": JOB_PARAMS, "get": operation(
             "Download a job's private key", {
                 "200": {"description": "The OpenSSH private key (the job's owner only).",
@@ -351,20 +370,20 @@ def _paths() -> dict[str, Schema]:
                                                      {"type": "array", "items": ref("User")}), **errors(401, 403)},
                              tag="users"),
             "put": operation("Create or change a user", {**answer(201, "Done.", message),
-                                                        **errors(400, 401, 403, 409, 413)},
+                                                        **errors(400, 401, 403, 404, 409, 413)},
                              request_body=body(ref("UserChange")), tag="users",
                              description="Admins create (modify: false) and change (modify: true) users; a user may "
                                          "change their own password, giving the current one as oldPassword. "
                                          "A changed password revokes the user's other tokens and ends their "
                                          "browser sessions."),
             "delete": operation("Remove a user", {**answer(200, "Removed, with their finished jobs.", message),
-                                                 **errors(400, 401, 403, 409, 413)},
+                                                 **errors(400, 401, 403, 404, 409, 413)},
                                 request_body=body(ref("UserName"), required=False), tag="users",
                                 parameters=[query_param("username", "instead of the body", STRING)]),
         },
         "/user/{username}": {"parameters": [USERNAME], "get": operation(
             "Get a user", {**answer(200, "The user and the virtual clusters they may submit to (yourself, or "
-                                         "anyone for an admin).", ref("UserDetail")), **errors(400, 401, 403)},
+                                         "anyone for an admin).", ref("UserDetail")), **errors(400, 401, 403, 404)},
             tag="users")},
         "/user/{username}/webhook": {
             "parameters": [USERNAME],
@@ -385,6 +404,22 @@ def _paths() -> dict[str, Schema]:
         "/user/{username}/virtualClusters": {"parameters": [USERNAME], "put": operation(
             "Set a user's virtual clusters", {**answer(201, "Done.", message), **errors(400, 401, 403, 404, 413)},
             request_body=body(ref("UserVirtualClusters")), tag="users")},
+    }
+
+
+def _framework_paths(accepted: Schema, submit_errors: Schema) -> dict[str, Schema]:
+    """OpenPAI's later v1 paths, /jobs/<user>~<job>: the same operations as
+    under /user/{username}/jobs/{name}."""
+    params = [path_param("username", "the job's owner", STRING),
+              path_param("name", "the job's name (after the ~)", STRING)]
+    same = {key: {method: {**op, "summary": op["summary"] + " (by framework name)",
+                           "operationId": op["operationId"] + "ByFrameworkName"} for method, op in ops.items()}
+            for key, ops in _job_operations(accepted, submit_errors).items()}
+    return {
+        "/jobs/{username}~{name}": {"parameters": params, **same["job"]},
+        "/jobs/{username}~{name}/config": {"parameters": params, **same["config"]},
+        "/jobs/{username}~{name}/executionType": {"parameters": params, **same["executionType"]},
+        "/jobs/{username}~{name}/ssh": {"parameters": params, **same["ssh"]},
     }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from jobs.models import ExitType, Job, State, Task, TaskAttempt, User
+from jobs.models import ExitType, Job, State, Task, TaskAttempt, User, VirtualCluster
 from jobs.services.cluster import Amount, VcUsage
 
 # The fields a job list needs; the heavy ones (config, keys) stay in the database.
@@ -87,6 +87,12 @@ def latest_attempts(job: Job) -> dict[int, TaskAttempt]:
     return latest
 
 
+# OpenPAI's task states are WAITING, RUNNING, STOPPING, STOPPED, SUCCEEDED,
+# FAILED and UNKNOWN: a task placed but not started yet is WAITING there
+# (the job's subState says LAUNCHING).
+API_TASK_STATE = {"ASSIGNED": "WAITING", "LAUNCHING": "WAITING"}
+
+
 def task_status(task: Task, attempt: TaskAttempt | None, log_url: str) -> dict[str, Any]:
     if attempt is None:
         return {
@@ -96,7 +102,7 @@ def task_status(task: Task, attempt: TaskAttempt | None, log_url: str) -> dict[s
         }
     return {
         "taskIndex": task.index,
-        "taskState": attempt.state,
+        "taskState": API_TASK_STATE.get(attempt.state, attempt.state),
         "containerId": attempt.container_id or None,
         "containerIp": attempt.host_ip or None,
         "containerPorts": {label: ",".join(str(p) for p in ports) for label, ports in sorted(attempt.ports.items())},
@@ -160,10 +166,24 @@ def virtual_cluster(usage: VcUsage, *, allowed: bool) -> dict[str, Any]:
     }
 
 
-def user(user: User) -> dict[str, Any]:
+def user(user: User, usable: list[str]) -> dict[str, Any]:
+    """OpenPAI's user, whose `virtualCluster` lists every virtual cluster the
+    user may submit to, comma-separated, "default" first (OpenPAI's SDK
+    splits it to find where a user can run)."""
+    names = sorted(usable, key=lambda name: (name != "default", name))
     return {
         "username": user.username,
         "admin": user.is_admin,
         "active": user.is_active,
-        "virtualCluster": ",".join(vc.name for vc in user.virtual_clusters.all()),
+        "virtualCluster": ",".join(names),
     }
+
+
+def usable_virtual_clusters(users: list[User]) -> dict[int, list[str]]:
+    """By user id, the virtual clusters each may submit to (as
+    VirtualCluster.objects.usable_by), in two queries for any number of
+    users; `users` come with their virtual_clusters prefetched."""
+    every = list(VirtualCluster.objects.values_list("name", "open_to_all"))
+    open_to_all = {name for name, is_open in every if is_open}
+    return {u.pk: [name for name, _ in every] if u.is_admin
+            else sorted(open_to_all | {vc.name for vc in u.virtual_clusters.all()}) for u in users}

@@ -12,6 +12,9 @@ from jobs.api.http import no_api_view
 from jobs.api.views import clusters, jobs, root, tasks, tokens, usage, users, webhooks
 
 JOB = r"user/(?P<username>[^/]+)/jobs/(?P<name>[^/]+)"
+# OpenPAI's later v1 paths name a job by its framework name, <user>~<job>
+# (its web portal's): the same views. Usernames hold no "~"; job names may.
+FRAMEWORK_JOB = r"jobs/(?P<username>[A-Za-z0-9_]+)~(?P<name>[^/]+)"
 
 
 def route(pattern: str, view, name: str):
@@ -25,6 +28,10 @@ urlpatterns = [
     route("token", tokens.token, "token"),
     route("jobs", jobs.jobs, "jobs"),
     route(r"user/(?P<username>[^/]+)/jobs", jobs.user_jobs, "user_jobs"),
+    route(FRAMEWORK_JOB, jobs.job, "framework_job"),
+    route(FRAMEWORK_JOB + "/config", jobs.config, "framework_job_config"),
+    route(FRAMEWORK_JOB + "/executionType", jobs.execution_type, "framework_job_execution_type"),
+    route(FRAMEWORK_JOB + "/ssh", tasks.ssh, "framework_job_ssh"),
     route(JOB, jobs.job, "job"),
     route(JOB + "/config", jobs.config, "job_config"),
     route(JOB + "/executionType", jobs.execution_type, "job_execution_type"),

@@ -16,10 +16,14 @@ from jobs.services import tokens
 
 
 class UserError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    """A refusal with OpenPAI's code name; `status` where OpenPAI's differs
+    from the code's usual one (jobs/api/errors.py)."""
+
+    def __init__(self, code: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.status = status
 
 
 def _check_password(password: str, user: User) -> None:
@@ -134,7 +138,8 @@ def user_set_virtual_clusters(*, user: User, names: list[str]) -> list[VirtualCl
     found = {vc.name: vc for vc in VirtualCluster.objects.filter(name__in=wanted)}
     missing = [name for name in wanted if name not in found]
     if missing:
-        raise UserError("NoVirtualClusterError", f"Virtual cluster {', '.join(missing)} is not found.")
+        # OpenPAI answers a name in the request that names nothing with 400.
+        raise UserError("NoVirtualClusterError", f"Virtual cluster {', '.join(missing)} is not found.", status=400)
     try:
         with transaction.atomic():
             user.virtual_clusters.set(found.values())

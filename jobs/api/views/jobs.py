@@ -136,6 +136,13 @@ def _submit_named_in_body(request: HttpRequest, username: str) -> HttpResponse:
     return _accepted(request, services.job_submit(owner=owner, config=request.body))
 
 
+@handler(Access.USER)
+def _submit_as_caller(request: HttpRequest) -> HttpResponse:
+    """POST /jobs (OpenPAI's later v1): the caller's job, named in the config."""
+    _count_submission(request)
+    return _accepted(request, services.job_submit(owner=request.user, config=request.body))
+
+
 def _with_name(body: bytes, name: str) -> str:
     """PUT names the job in its path: the config may leave jobName out, and
     must not contradict the path."""
@@ -217,7 +224,7 @@ def _delete(request: HttpRequest, username: str, name: str) -> HttpResponse:
         raise ApiError("ConflictJobError", f"Job {name} cannot be deleted: {exc}.") from None
     except Job.DoesNotExist:  # deleted by a concurrent request
         raise no_job(username, name) from None
-    return ok({"message": f"delete job {name} successfully"})
+    return ok({"message": f"deleted job {name} successfully"}, status=202)  # OpenPAI's status and words
 
 
 @handler(Access.USER)
@@ -257,7 +264,7 @@ def _execution_type(request: HttpRequest, username: str, name: str) -> HttpRespo
     return ok({"message": f"execute job {name} successfully"}, status=202)
 
 
-jobs = resource(GET=_list_all)
+jobs = resource(GET=_list_all, POST=_submit_as_caller)
 user_jobs = resource(GET=_list_users, POST=_submit_named_in_body)
 job = resource(GET=_status, PUT=_submit_named_in_path, DELETE=_delete)
 config = resource(GET=_config)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 
+from jobs.api import serializers
 from jobs.api.auth import Access
 from jobs.api.errors import ApiError, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, ok, optional_int_param, resource
@@ -101,7 +102,7 @@ def _log(request: HttpRequest, username: str, name: str, role: str, index: str) 
     rows = page.lines[:limit]
     return ok({
         "attempt": attempt.number,
-        "taskState": attempt.state,
+        "taskState": serializers.API_TASK_STATE.get(attempt.state, attempt.state),
         "stream": stream_name,
         "lines": [text for _seq, text in rows],
         "next": rows[-1][0] if rows else after,

@@ -15,16 +15,18 @@ from jobs.services import users
 
 
 def _user_named(username: str) -> User:
+    """The user an admin names (OpenPAI: 404 NoUserError when there is none)."""
     user = User.objects.filter(username=username).first()
     if user is None:
-        raise ApiError("NoUserError", f"User {username} is not found.")
+        raise ApiError("NoUserError", f"User {username} is not found.", status=404)
     return user
 
 
 @handler(Access.ADMIN)
 def _list(request: HttpRequest) -> HttpResponse:
-    everyone = User.objects.order_by("username").prefetch_related("virtual_clusters")
-    return ok([serializers.user(user) for user in everyone])
+    everyone = list(User.objects.order_by("username").prefetch_related("virtual_clusters"))
+    usable = serializers.usable_virtual_clusters(everyone)
+    return ok([serializers.user(user, usable[user.pk]) for user in everyone])
 
 
 @handler(Access.USER)
@@ -90,7 +92,7 @@ def _detail(request: HttpRequest, username: str) -> HttpResponse:
         raise forbidden("Non-admin may see only their own user (user/{}).".format(me.username))
     user = _user_named(username)
     usable = [vc.name for vc in VirtualCluster.objects.usable_by(user).order_by("name")]
-    return ok({**serializers.user(user), "virtualClusters": usable})
+    return ok({**serializers.user(user, usable), "virtualClusters": usable})
 
 
 user = resource(GET=_list, PUT=_put, DELETE=_delete)

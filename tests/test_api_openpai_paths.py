@@ -1,0 +1,117 @@
+"""The REST API as OpenPAI's own clients call it (an audit against OpenPAI's
+REST server and SDK): jobs named by their framework name `<user>~<job>`,
+POST /jobs as oneself, 202 for a deleted job, OpenPAI's task states, every
+usable virtual cluster in a user's `virtualCluster`, and OpenPAI's statuses
+for a user or virtual cluster that is not there.
+
+In-process, through Django's test client. Users: alice (owner), bob
+(another user), an admin; each test makes its own.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from django.test import Client
+
+from jobs import services
+from jobs.models import Job, JobAttempt, State, Task, TaskAttempt, TaskState
+from jobs.services import tokens
+from tests.helpers import config, role
+
+NEVER_FITS_GPUS = 64  # no node has that many: the jobs here wait until they are stopped, whatever agents run
+
+
+def _api(user=None) -> Client:
+    if user is None:
+        return Client()
+    return Client(HTTP_AUTHORIZATION=f"Bearer {tokens.token_create(user=user, lifetime=timedelta(hours=1)).key}")
+
+
+def _json(response) -> dict:
+    return json.loads(response.content)
+
+
+def test_a_job_is_reached_by_its_framework_name_and_submitted_as_oneself(alice, bob, redis_server):
+    mine = _api(alice)
+    answer = mine.post("/api/v1/jobs", json.dumps(config("a~b.c", role(gpus=NEVER_FITS_GPUS))),
+                       content_type="application/json")
+    assert answer.status_code == 202, answer.content
+    job = Job.objects.get(name="a~b.c")
+    assert job.owner == alice and job.state == State.WAITING
+
+    framework = f"/api/v1/jobs/{alice.username}~a~b.c"
+    by_user = f"/api/v1/user/{alice.username}/jobs/a~b.c"
+    assert _json(mine.get(framework)) == _json(mine.get(by_user))
+    assert _json(mine.get(framework + "/config")) == _json(mine.get(by_user + "/config"))
+    assert mine.get(framework + "/ssh").status_code == mine.get(by_user + "/ssh").status_code
+
+    # Another user and an anonymous client: as on the other path.
+    for path in (framework, framework + "/config", framework + "/ssh"):
+        assert _json(_api(bob).get(path))["code"] == "NoJobError"
+        assert _api().get(path).status_code == 401
+    assert _api(bob).put(framework + "/executionType", json.dumps({"value": "STOP"}),
+                         content_type="application/json").status_code == 404
+    assert _api().post("/api/v1/jobs", json.dumps(config("anon", role(gpus=NEVER_FITS_GPUS))),
+                       content_type="application/json").status_code == 401
+
+    stopped = mine.put(framework + "/executionType", json.dumps({"value": "STOP"}), content_type="application/json")
+    assert stopped.status_code == 202
+    job.refresh_from_db()
+    assert job.state == State.STOPPED
+    deleted = mine.delete(framework)
+    assert deleted.status_code == 202 and _json(deleted)["message"] == "deleted job a~b.c successfully"
+    assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_a_task_not_started_yet_is_waiting_as_openpai_names_it(alice, redis_server):
+    job = services.job_submit(owner=alice, config=json.dumps(config("starting", role(tasks=2,
+                                                                                   gpus=NEVER_FITS_GPUS))))
+    attempt = JobAttempt.objects.get(job=job)
+    states = (TaskState.ASSIGNED, TaskState.LAUNCHING)
+    for task, state in zip(Task.objects.filter(job=job).order_by("index"), states, strict=True):
+        TaskAttempt.objects.create(task=task, job_attempt=attempt, job=job, number=1, host_ip="127.0.0.1", state=state)
+    Job.objects.filter(pk=job.pk).update(state=State.RUNNING)
+    try:
+        status = _json(_api(alice).get(f"/api/v1/jobs/{alice.username}~starting"))
+        assert [t["taskState"] for t in status["taskRoles"]["main"]["taskStatuses"]] == ["WAITING", "WAITING"]
+        assert status["jobStatus"]["subState"] == "LAUNCHING"
+        log = _json(_api(alice).get(f"/api/v1/user/{alice.username}/jobs/starting/tasks/main/1/log"))
+        assert log["taskState"] == "WAITING"
+    finally:  # its tasks would hold the default virtual cluster's CPUs for the tests after
+        job.delete()
+
+
+def test_a_users_virtual_cluster_lists_where_they_may_submit(alice, admin_user):
+    from jobs.models import VirtualCluster
+
+    mine = _json(_api(alice).get(f"/api/v1/user/{alice.username}"))
+    assert mine["virtualCluster"].split(",")[0] == "default"
+    assert sorted(mine["virtualCluster"].split(",")) == sorted(mine["virtualClusters"])
+    everyone = {u["username"]: u for u in _json(_api(admin_user).get("/api/v1/user"))}
+    assert everyone[alice.username]["virtualCluster"] == mine["virtualCluster"]
+    assert sorted(everyone[admin_user.username]["virtualCluster"].split(",")) == sorted(
+        VirtualCluster.objects.values_list("name", flat=True))
+    # Another user is refused, and an anonymous client.
+    assert _api(alice).get(f"/api/v1/user/{admin_user.username}").status_code == 403
+    assert _api().get(f"/api/v1/user/{alice.username}").status_code == 401
+
+
+def test_a_user_or_virtual_cluster_that_is_not_there_gets_openpais_status(alice, admin_user):
+    admin = _api(admin_user)
+    for method, path, body in (
+            ("get", "/api/v1/user/ghost_nobody", None),
+            ("put", "/api/v1/user", {"username": "ghost_nobody", "password": "x-Long-pass-phrase-2", "modify": True}),
+            ("delete", "/api/v1/user", {"username": "ghost_nobody"}),
+            ("put", "/api/v1/user/ghost_nobody/virtualClusters", {"virtualClusters": "default"})):
+        answer = getattr(admin, method)(path, json.dumps(body) if body else None, content_type="application/json")
+        assert (answer.status_code, _json(answer)["code"]) == (404, "NoUserError"), (method, path, answer.content)
+    unknown_vc = admin.put(f"/api/v1/user/{alice.username}/virtualClusters",
+                           json.dumps({"virtualClusters": "no_such_vc"}), content_type="application/json")
+    assert (unknown_vc.status_code, _json(unknown_vc)["code"]) == (400, "NoVirtualClusterError")
+    # Only admins ask: alice is refused, an anonymous client too.
+    assert _api(alice).put(f"/api/v1/user/{alice.username}/virtualClusters", json.dumps(
+        {"virtualClusters": "default"}), content_type="application/json").status_code == 403
+    assert _api().delete("/api/v1/user", json.dumps({"username": "ghost_nobody"}),
+                         content_type="application/json").status_code == 401

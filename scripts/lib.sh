@@ -142,8 +142,11 @@ ensure_docker() {
   ip link show "$TASK_BRIDGE" >/dev/null 2>&1 || ip link add "$TASK_BRIDGE" type bridge \
     || die "could not create the bridge $TASK_BRIDGE (ip link add)"
   dockerd --pidfile "$RUN/dockerd.pid" --bridge "$TASK_BRIDGE" --icc=false >>"$LOGDIR/dockerd.log" 2>&1 &
+  # Listed at once: one that runs but never answers here (DOCKER_HOST names
+  # another socket) is stopped with the rest when the script gives up.
+  echo dockerd >> "$RUN/started"
   for _ in $(seq 300); do
-    docker_reachable && { echo dockerd >> "$RUN/started"; DOCKERD_STARTED=1; return 0; }; sleep 0.1
+    docker_reachable && { DOCKERD_STARTED=1; return 0; }; sleep 0.1
   done
   die "dockerd did not come up; see $LOGDIR/dockerd.log"
 }

@@ -119,7 +119,7 @@ def test_every_route_is_described_with_its_methods():
 def test_it_answers_a_wrong_method_with_405_and_allow(cluster, api):
     response = api.call("PATCH", "/jobs")
     expect(response, 405, "MethodNotAllowedError")
-    assert response.headers["Allow"] == "GET, HEAD, OPTIONS"
+    assert response.headers["Allow"] == "GET, HEAD, OPTIONS, POST"  # POST /jobs: a job of one's own
 
 
 # ------------------------------------------------------------------ tokens
@@ -396,7 +396,7 @@ def test_it_stops_a_running_job_and_deletes_it_only_when_finished(cluster, alice
     wait_state(job, State.STOPPED, timeout=30)
     expect(api.put(path + "/executionType", {"value": "STOP"}), 202)  # stopping a stopped job is done already
     expect(api.put(path + "/executionType", {"value": "START"}), 400, "InvalidParametersError")
-    wait_for(lambda: api.delete(path).status_code == 200, timeout=30, what="the stopped job to be deletable")
+    wait_for(lambda: api.delete(path).status_code == 202, timeout=30, what="the stopped job to be deletable")
     expect(api.post(f"/user/{alice.username}/jobs", config("sleeper", role(command="true"))), 202)  # name is free
 
 
@@ -478,7 +478,7 @@ def test_it_reports_virtual_clusters_with_their_use(cluster, alice, api):
             if not job.is_final:
                 expect(api.put(f"/user/{alice.username}/jobs/{job.name}/executionType", {"value": "STOP"}), 202)
             wait_state(job, State.STOPPED, State.SUCCEEDED, State.FAILED, timeout=30)
-            wait_for(lambda: api.delete(f"/user/{alice.username}/jobs/{job.name}").status_code == 200, timeout=30,
+            wait_for(lambda: api.delete(f"/user/{alice.username}/jobs/{job.name}").status_code == 202, timeout=30,
                      what="the job to be deleted")
         vc.delete()
 

@@ -21,7 +21,7 @@ def _owner(request: HttpRequest, username: str) -> User:
         raise forbidden(f"Non-admin may manage only their own webhook (user/{me.username}/webhook).")
     user = User.objects.filter(username=username).first()
     if user is None:
-        raise ApiError("NoUserError", f"User {username} is not found.", status=404)
+        raise ApiError("NoUserError", f"User {username} is not found.")
     return user
 
 

@@ -54,6 +54,15 @@ class User(AbstractUser):
         return self.is_superuser or self.has_perm("jobs.administer_portal")
 
 
+def lock_user_row(user_id: int) -> str | None:
+    """Lock a user's row until the transaction ends, so that the user's
+    concurrent requests that count or change what they hold (tokens, keys,
+    terminals, a password change, the user's deletion) take turns (a row
+    lock on PostgreSQL; SQLite's IMMEDIATE transactions are serial anyway).
+    Returns the stored password hash, or None when the user is gone."""
+    return User.objects.select_for_update().filter(pk=user_id).values_list("password", flat=True).first()
+
+
 vc_name_validator = RegexValidator(r"^[A-Za-z0-9_]+\Z", "Letters, digits and underscores only.")
 node_name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9\-_.]*\Z", "Letters, digits, - _ and . only.")
 

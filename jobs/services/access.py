@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobs import keys
 from jobs.environment import SSH_PORT_LABEL
-from jobs.models import Job, LogLine, SshKey, Stream, TaskAttempt, TaskState, User
+from jobs.models import Job, LogLine, SshKey, Stream, TaskAttempt, TaskState, User, lock_user_row
 
 # Jupyter prints its URL with `?token=<48 hex digits>` (notebook, lab, server).
 _TOKEN_RE = re.compile(r"[?&]token=([0-9a-fA-F]{16,128})\b")
@@ -247,7 +247,7 @@ def ssh_key_add(*, user: User, title: str, public_key: str) -> SshKey:
         # The user's row, locked, makes the checks and the insert one step for
         # that user's concurrent requests: neither the same key twice nor a
         # key past the limit (PostgreSQL; SQLite takes one writer at a time).
-        User.objects.select_for_update().filter(pk=user.pk).first()
+        lock_user_row(user.pk)
         existing = SshKey.objects.filter(user=user, fingerprint=fingerprint).first()
         if existing is not None:
             raise SshKeyError("public_key", f'you already added this key, as "{existing.title}"')

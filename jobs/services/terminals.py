@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from jobs.models import Job, TaskAttempt, TaskState, TerminalSession, User
+from jobs.models import Job, TaskAttempt, TaskState, TerminalSession, User, lock_user_row
 from jobs.services import access
 
 
@@ -73,7 +73,7 @@ def terminal_session_open(*, user: User | AnonymousUser, attempt_id: int, client
         # One user's opens one at a time (a row lock on PostgreSQL; SQLite's
         # IMMEDIATE transactions are serial anyway): two at once cannot both
         # pass the count.
-        User.objects.select_for_update().filter(pk=user.pk).exists()
+        lock_user_row(user.pk)
         _check_open_sessions(user)
         session = TerminalSession.objects.create(user=user, attempt=attempt, client_address=client_address[:64],
                                                  started_at=now)

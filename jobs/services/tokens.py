@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.models import ApiToken, User
+from jobs.models import ApiToken, User, lock_user_row
 from jobs.services import permissions_memo
 
 TOKEN_PREFIX = "pai_"
@@ -75,7 +75,7 @@ def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToke
         # that user's concurrent requests (PostgreSQL; SQLite takes one
         # writer at a time anyway), and orders this against a password change
         # (users.user_change_password), which revokes every token under it.
-        current = User.objects.select_for_update().filter(pk=user.pk).values_list("password", flat=True).first()
+        current = lock_user_row(user.pk)
         if current is None or current != user.password:
             raise CredentialsChanged()
         live = ApiToken.objects.filter(user=user, revoked_at__isnull=True, expires_at__gt=now)

@@ -11,7 +11,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from jobs.models import FINAL_STATES, Job, User, VirtualCluster
+from jobs.models import FINAL_STATES, Job, User, VirtualCluster, lock_user_row
 from jobs.services import tokens
 
 
@@ -100,7 +100,7 @@ def user_change_password(*, user: User, password: str, by: User, current_passwor
         # Under the lock token_create takes: a token is either made before
         # (and revoked here) or refused there (the password it was asked
         # with is no longer the user's).
-        User.objects.select_for_update().filter(pk=user.pk).first()
+        lock_user_row(user.pk)
         user.set_password(password)
         user.save(update_fields=["password"])
         tokens.tokens_revoke_all(user=user, keep_key=keep_token_key)
@@ -123,7 +123,7 @@ def user_delete(*, user: User, by: User) -> None:
         # meanwhile either is counted (committed first) or fails its foreign
         # key check at commit (jobs/services/job_store.py: OwnerGone), never
         # is deleted with its owner after a 202.
-        User.objects.select_for_update().filter(pk=user.pk).first()
+        lock_user_row(user.pk)
         unfinished = Job.objects.filter(owner=user).exclude(state__in=FINAL_STATES).count()
         if unfinished:
             raise UserError("ConflictUserError",

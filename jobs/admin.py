@@ -41,9 +41,10 @@ class UserAdmin(BaseUserAdmin):
     def user_change_password(self, request: HttpRequest, id: str, form_url: str = ""):  # noqa: A002 (Django's name)
         """An admin's reset of a password revokes the user's API tokens, as a
         change through the API does: a reset is what follows a stolen one."""
-        before = User.objects.filter(pk=parse_id(id)).values_list("password", flat=True).first()
+        user_id = parse_id(id)
+        before = User.objects.filter(pk=user_id).values_list("password", flat=True).first()
         response = super().user_change_password(request, id, form_url)
-        user = User.objects.filter(pk=parse_id(id)).first()
+        user = User.objects.filter(pk=user_id).first()
         if user is not None and before is not None and user.password != before:
             tokens.tokens_revoke_all(user=user)
         return response

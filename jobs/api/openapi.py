@@ -264,11 +264,11 @@ def _schemas() -> dict[str, Schema]:
 
 
 def _job_operations(accepted: Schema, submit_errors: Schema) -> dict[str, Schema]:
-    """A job's operations, served at /user/{username}/jobs/{name} and at
-    /jobs/{username}~{name} alike."""
+    """A job's operations by path suffix, served under
+    /user/{username}/jobs/{name} and /jobs/{username}~{name} alike."""
     message = ref("Message")
     return {
-        "job": {
+        "": {
             "get": operation("Get a job's status", {**answer(200, "The job and its tasks.", ref("JobStatus")),
                                                      **errors(401, 404)}, tag="jobs"),
             "put": operation("Submit a job by name", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
@@ -277,14 +277,14 @@ def _job_operations(accepted: Schema, submit_errors: Schema) -> dict[str, Schema
             "delete": operation("Delete a finished job", {**answer(202, "Deleted, with its tasks and logs.", message),
                                                            **errors(401, 404, 409)}, tag="jobs"),
         },
-        "config": {"get": operation(
+        "/config": {"get": operation(
             "Get a job's config", {**answer(200, "The config as submitted (comments left out).",
                                             {"type": "object", "additionalProperties": True}),
                                    **errors(401, 404)}, tag="jobs")},
-        "executionType": {"put": operation(
+        "/executionType": {"put": operation(
             "Stop a job", {**answer(202, "Stopping (or already ended).", message), **errors(400, 401, 404, 413)},
             request_body=body(ref("ExecutionType")), tag="jobs")},
-        "ssh": {"get": operation(
+        "/ssh": {"get": operation(
             "Get a job's SSH info", {**answer(200, "Where each running task's sshd listens, and the key.",
                                               ref("SshInfo")), **errors(401, 404)}, tag="access")},
     }
@@ -330,8 +330,7 @@ def _paths() -> dict[str, Schema]:
                               "admin allows you there."),
         },
         **{f"/user/{{username}}/jobs/{{name}}{suffix}": {"parameters": JOB_PARAMS, **operations}
-           for suffix, operations in (("", job["job"]), ("/config", job["config"]),
-                                      ("/executionType", job["executionType"]), ("/ssh", job["ssh"]))},
+           for suffix, operations in job.items()},
         "/user/{username}/jobs/{name}/ssh/key": {"parameters": JOB_PARAMS, "get": operation(
             "Download a job's private key", {
                 "200": {"description": "The OpenSSH private key (the job's owner only).",
@@ -409,18 +408,11 @@ def _paths() -> dict[str, Schema]:
 
 def _framework_paths(accepted: Schema, submit_errors: Schema) -> dict[str, Schema]:
     """OpenPAI's later v1 paths, /jobs/<user>~<job>: the same operations as
-    under /user/{username}/jobs/{name}."""
-    params = [path_param("username", "the job's owner", STRING),
-              path_param("name", "the job's name (after the ~)", STRING)]
-    same = {key: {method: {**op, "summary": op["summary"] + " (by framework name)",
-                           "operationId": op["operationId"] + "ByFrameworkName"} for method, op in ops.items()}
-            for key, ops in _job_operations(accepted, submit_errors).items()}
-    return {
-        "/jobs/{username}~{name}": {"parameters": params, **same["job"]},
-        "/jobs/{username}~{name}/config": {"parameters": params, **same["config"]},
-        "/jobs/{username}~{name}/executionType": {"parameters": params, **same["executionType"]},
-        "/jobs/{username}~{name}/ssh": {"parameters": params, **same["ssh"]},
-    }
+    under /user/{username}/jobs/{name}, with operation ids of their own."""
+    return {f"/jobs/{{username}}~{{name}}{suffix}": {"parameters": JOB_PARAMS, **{
+        method: {**op, "summary": op["summary"] + " (by framework name)",
+                 "operationId": op["operationId"] + "ByFrameworkName"} for method, op in operations.items()}}
+        for suffix, operations in _job_operations(accepted, submit_errors).items()}
 
 
 def description(*, server_url: str = "/api/v1") -> Schema:

@@ -22,7 +22,7 @@ def _list_parameters() -> list[Schema]:
         query_param("username", f"owners ({comma})", STRING),
         query_param("vc", f"virtual clusters ({comma})", STRING),
         query_param("state", f"job states ({comma})", STRING),
-        query_param("keyword", "in the job's name or owner", STRING),
+        query_param("keyword", "in the job's name, owner or virtual cluster", STRING),
         query_param("tagsContain", f"jobs with any of these tags ({comma})", STRING),
         query_param("tagsNotContain", f"jobs with none of these tags ({comma})", STRING),
         query_param("offset", "jobs to skip", {"type": "integer", "minimum": 0}),
@@ -34,14 +34,22 @@ def _list_parameters() -> list[Schema]:
 
 
 def _v2_schemas() -> dict[str, Schema]:
+    nullable_int = {**INTEGER, "nullable": True}
     attempt = obj({
-        "jobName": STRING, "attemptIndex": INTEGER, "attemptState": STRING, "isLatest": {"type": "boolean"},
-        "createdTime": INTEGER, "launchedTime": {**INTEGER, "nullable": True},
-        "completedTime": {**INTEGER, "nullable": True}, "exitCode": {**INTEGER, "nullable": True},
-        "exitType": {**STRING, "nullable": True}, "exitDiagnostics": STRING,
+        "jobName": STRING, "frameworkName": STRING, "userName": STRING,
+        "attemptIndex": {**INTEGER, "description": "1 is the first"}, "attemptState": STRING,
+        "state": {**STRING, "description": "the same as attemptState (OpenPAI's name)"},
+        "isLatest": {"type": "boolean"}, "jobStartedTime": INTEGER,
+        "createdTime": INTEGER, "launchedTime": nullable_int, "attemptStartedTime": nullable_int,
+        "completedTime": nullable_int, "attemptCompletedTime": nullable_int, "exitCode": nullable_int,
+        "exitPhrase": {**STRING, "nullable": True}, "exitType": {**STRING, "nullable": True},
+        "exitDiagnostics": STRING, "appExitDiagnostics": {**STRING, "nullable": True},
+        "appExitSpec": {**ref("ExitSpec"), "nullable": True},
+        "totalGpuNumber": INTEGER, "totalTaskNumber": INTEGER, "totalTaskRoleNumber": INTEGER,
         "taskRoles": {"type": "object", "additionalProperties": obj({
+            "taskRoleStatus": obj({"name": STRING}, ["name"]),
             "taskStatuses": {"type": "array", "items": ref("TaskStatus")}})},
-    }, ["attemptIndex", "attemptState", "isLatest", "taskRoles"])
+    }, ["attemptIndex", "attemptState", "state", "isLatest", "taskRoles"])
     summary = {"allOf": [ref("JobSummary"), obj({"tags": {"type": "array", "items": STRING}})]}
     return {
         "JobAttempt": attempt,
@@ -105,6 +113,11 @@ def _paths() -> dict[str, Schema]:
             "List a job's attempts", {**answer(200, "Every attempt, first first.",
                                                {"type": "array", "items": ref("JobAttempt")}), **errors(401, 404)},
             tag="jobs")},
+        "/jobs/{username}~{name}/job-attempts/healthz": {"parameters": JOB_PARAMS, "get": operation(
+            "Whether job attempts can be listed", {
+                "200": {"description": "Always \"ok\": every attempt is kept.",
+                        "content": {"text/plain": {"schema": STRING}}},
+                **errors(401, 404)}, tag="jobs")},
         "/jobs/{username}~{name}/job-attempts/{number}": {
             "parameters": [*JOB_PARAMS, path_param("number", "the attempt (1 is the first)",
                                                    {"type": "integer", "minimum": 1})],

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from jobs import exit_spec
 from jobs.models import ExitType, Job, State, Task, TaskAttempt, User, VirtualCluster
 from jobs.services.cluster import Amount, VcUsage
 
@@ -55,6 +56,8 @@ def job_summary(job: Job) -> dict[str, Any]:
         "executionType": execution_type(job),
         "retries": job.retries,
         "createdTime": millis(job.submitted_at),
+        "submissionTime": millis(job.submitted_at),  # OpenPAI v2's name; createdTime is v1's
+        "launchedTime": millis(job.started_at),
         "completedTime": millis(job.finished_at),
         "appExitCode": job.exit_code,
         "virtualCluster": job.virtual_cluster.name,
@@ -97,23 +100,34 @@ def task_status(task: Task, attempt: TaskAttempt | None, log_url: str) -> dict[s
     if attempt is None:
         return {
             "taskIndex": task.index, "taskState": "WAITING", "containerId": None, "containerIp": None,
-            "containerPorts": {}, "containerGpus": 0, "containerLog": log_url, "containerExitCode": None,
-            "attempt": None,
+            "containerNodeName": None, "containerPorts": {}, "containerGpus": 0, "containerLog": log_url,
+            "containerExitCode": None, "containerExitSpec": None, "containerExitDiagnostics": None,
+            "createdTime": None, "launchedTime": None, "completedTime": None, "attempt": None,
         }
     return {
         "taskIndex": task.index,
         "taskState": API_TASK_STATE.get(attempt.state, attempt.state),
         "containerId": attempt.container_id or None,
         "containerIp": attempt.host_ip or None,
+        "containerNodeName": attempt.node_name or None,
         "containerPorts": {label: ",".join(str(p) for p in ports) for label, ports in sorted(attempt.ports.items())},
         "containerGpus": gpu_bitmap(attempt.gpus),
         "containerLog": log_url,
         "containerExitCode": attempt.exit_code,
+        "containerExitSpec": exit_spec.as_openpai(attempt.exit_type, attempt.exit_code),
+        "containerExitDiagnostics": attempt.exit_reason or None,
+        "createdTime": millis(attempt.assigned_at),
+        "launchedTime": millis(attempt.started_at),
+        "completedTime": millis(attempt.finished_at),
         "attempt": attempt.number,
     }
 
 
-def job_status(job: Job, task_roles: dict[str, Any]) -> dict[str, Any]:
+def job_status(job: Job, task_roles: dict[str, Any], *, retried_exit_types: list[str],
+               page_url: str) -> dict[str, Any]:
+    """A job's status; `retried_exit_types` are how its earlier attempts
+    ended, `page_url` its page (OpenPAI's appTrackingUrl: where to follow
+    the job in a browser)."""
     launching = any(
         status["taskState"] not in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
         for role in task_roles.values() for status in role["taskStatuses"]
@@ -126,11 +140,16 @@ def job_status(job: Job, task_roles: dict[str, Any]) -> dict[str, Any]:
             "subState": sub_state(job, launching=launching),
             "executionType": execution_type(job),
             "retries": job.retries,
+            "retryDetails": exit_spec.retry_details(retried_exit_types),
             "createdTime": millis(job.submitted_at),
             "completedTime": millis(job.finished_at),
+            "appId": f"{job.pk}-{job.attempt_number}",  # the current attempt's
+            "appProgress": 1 if job.is_final else 0,
+            "appTrackingUrl": page_url,
             "appLaunchedTime": millis(job.started_at),
             "appCompletedTime": millis(job.finished_at),
             "appExitCode": job.exit_code,
+            "appExitSpec": exit_spec.as_openpai(job.exit_type, job.exit_code),
             "appExitDiagnostics": job.exit_reason or job.waiting_reason or "",
             "appExitType": job.exit_type or None,
             "virtualCluster": job.virtual_cluster.name,

@@ -22,6 +22,7 @@ urlpatterns = [
     route(JOB + "/executionType", jobs_v1.execution_type, "job_execution_type"),
     route(JOB + "/tag", jobs_v2.tag, "job_tag"),
     route(JOB + "/job-attempts", jobs_v2.attempts, "job_attempts"),
+    route(JOB + "/job-attempts/healthz", jobs_v2.attempts_health, "job_attempts_health"),
     route(JOB + r"/job-attempts/(?P<number>[^/]+)", jobs_v2.attempt, "job_attempt"),
     route(JOB + "/ssh", tasks.ssh, "job_ssh"),
     route(JOB + "/ssh/key", tasks.ssh_key, "ssh_key"),

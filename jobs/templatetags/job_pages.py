@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from jobs import formatting
+from jobs import exit_spec, formatting
 from jobs.formatting import duration_text
 from jobs.services.listing import JobRow
 
@@ -36,6 +36,13 @@ register.filter("num", formatting.num)
 register.filter("percent_of", formatting.percent_of)
 register.filter("exit_words", formatting.exit_words)
 register.filter("short_id", formatting.short_id)
+
+
+@register.filter
+def exit_solution(exit_type: str) -> tuple[str, ...]:
+    """What the user can do about how a job ended (jobs/exit_spec.py)."""
+    spec = exit_spec.spec_for(exit_type)
+    return spec.solution if spec else ()
 
 
 @register.simple_tag

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.urls import reverse
 
 from jobs import jsonc, services
 from jobs.api import serializers
@@ -212,7 +213,9 @@ def status_body(request: HttpRequest, job: Job) -> dict:
             for task in tasks.get(role.name, [])
         ]
         task_roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
-    return serializers.job_status(job, task_roles)
+    retried = list(job.attempts.filter(number__lt=job.attempt_number).values_list("exit_type", flat=True))
+    page_url = request.build_absolute_uri(reverse("jobs:detail", args=[job.pk]))
+    return serializers.job_status(job, task_roles, retried_exit_types=retried, page_url=page_url)
 
 
 @handler(Access.USER)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from jobs import services
+from jobs import exit_spec, services
 from jobs.api import openapi_v2, serializers
 from jobs.api.auth import Access
 from jobs.api.errors import ApiError, invalid, no_job
@@ -49,7 +49,8 @@ def _filtered(request: HttpRequest) -> QuerySet[Job]:
             raise invalid(f"state {', '.join(unknown)} is not one of {', '.join(State.values)}.")
         jobs = jobs.filter(state__in=states)
     if keyword := params.get("keyword"):
-        jobs = jobs.filter(Q(name__icontains=keyword) | Q(owner__username__icontains=keyword))
+        jobs = jobs.filter(Q(name__icontains=keyword) | Q(owner__username__icontains=keyword)
+                           | Q(virtual_cluster__name__icontains=keyword))
     if wanted := _names(params.get("tagsContain")):
         jobs = jobs.filter(pk__in=JobTag.objects.filter(value__in=wanted).values("job_id"))
     if unwanted := _names(params.get("tagsNotContain")):
@@ -107,19 +108,40 @@ def _attempt_bodies(request: HttpRequest, job: Job, attempts: list[JobAttempt]) 
                           index=task.index)
         by_attempt[task_attempt.job_attempt_id].setdefault(task.role, []).append(
             serializers.task_status(task, task_attempt, log_url))
-    return [{
+    return [_attempt_body(job, attempt, by_attempt[attempt.pk]) for attempt in attempts]
+
+
+def _attempt_body(job: Job, attempt: JobAttempt, statuses_by_role: dict[str, list[dict]]) -> dict:
+    """One job attempt: our fields, then OpenPAI's names for what its
+    clients read (`state`, `attemptStartedTime`, `appExitSpec`, ...).
+    `attemptIndex` stays 1-based, as `.../job-attempts/<n>` takes it."""
+    spec = exit_spec.spec_for(attempt.exit_type)
+    return {
         "jobName": job.name,
+        "frameworkName": f"{job.owner.username}~{job.name}",
+        "userName": job.owner.username,
         "attemptIndex": attempt.number,
         "attemptState": attempt.state,
+        "state": attempt.state,
         "isLatest": attempt.number == job.attempt_number,
+        "jobStartedTime": serializers.millis(job.submitted_at),
         "createdTime": serializers.millis(attempt.created_at),
         "launchedTime": serializers.millis(attempt.started_at),
+        "attemptStartedTime": serializers.millis(attempt.started_at),
         "completedTime": serializers.millis(attempt.finished_at),
+        "attemptCompletedTime": serializers.millis(attempt.finished_at),
         "exitCode": attempt.exit_code,
+        "exitPhrase": spec.phrase if spec else None,
         "exitType": attempt.exit_type or None,
         "exitDiagnostics": attempt.exit_reason,
-        "taskRoles": {role: {"taskStatuses": statuses} for role, statuses in by_attempt[attempt.pk].items()},
-    } for attempt in attempts]
+        "appExitDiagnostics": attempt.exit_reason or None,
+        "appExitSpec": exit_spec.as_openpai(attempt.exit_type, attempt.exit_code),
+        "totalGpuNumber": job.total_gpus,
+        "totalTaskNumber": job.total_tasks,
+        "totalTaskRoleNumber": job.total_roles,
+        "taskRoles": {role: {"taskRoleStatus": {"name": role}, "taskStatuses": statuses}
+                      for role, statuses in statuses_by_role.items()},
+    }
 
 
 @handler(Access.USER)
@@ -148,6 +170,15 @@ def _config(request: HttpRequest, username: str, name: str) -> HttpResponse:
 def _attempts(request: HttpRequest, username: str, name: str) -> HttpResponse:
     job = v1.find_job(request, username, name)
     return ok(_attempt_bodies(request, job, list(job.attempts.order_by("number"))))
+
+
+@handler(Access.USER)
+def _attempts_health(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    """OpenPAI's web portal asks this before it offers a job's retry
+    history; here the history is always kept, so the answer is "ok" for any
+    job the caller may see."""
+    v1.find_job(request, username, name)
+    return HttpResponse("ok", content_type="text/plain; charset=utf-8")
 
 
 @handler(Access.USER)
@@ -196,4 +227,5 @@ job = resource(GET=_status)
 config = resource(GET=_config)
 tag = resource(PUT=_tag_add, DELETE=_tag_remove)
 attempts = resource(GET=_attempts)
+attempts_health = resource(GET=_attempts_health)
 attempt = resource(GET=_attempt)

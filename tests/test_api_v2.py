@@ -50,7 +50,7 @@ def submit_held(user, name: str, vc: str) -> Job:
 def test_a_v2_job_runs_on_a_real_container_and_its_secret_never_comes_back(cluster, alice):
     api = v2(cluster, alice)
     accepted = api.post("/jobs", raw=(EXAMPLES / "hello_secrets.yaml").read_text(), headers=YAML)
-    assert expect(accepted, 202) == {"message": "update job hello_v2 successfully"}
+    assert expect(accepted, 202) == {"status": 202, "message": "update job hello_v2 successfully"}
     assert accepted.headers["Location"] == f"{api.root}/jobs/{alice.username}~hello_v2"
     job = wait_state(Job.objects.get(owner=alice, name="hello_v2"), State.SUCCEEDED, State.FAILED)
     assert job.state == State.SUCCEEDED, job.exit_reason

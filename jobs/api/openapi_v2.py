@@ -80,7 +80,8 @@ def _paths() -> dict[str, Schema]:
                                                                                  "data": listed})]}),
                                                 **errors(400, 401)}, parameters=_list_parameters(), tag="jobs"),
             "post": operation("Submit a job (v2)", {
-                **answer(202, "Accepted: the job waits for the scheduler.", message,
+                **answer(202, "Accepted: the job waits for the scheduler.",
+                         obj({"status": {"type": "integer", "enum": [202]}, "message": STRING}, ["message"]),
                          {"Location": {"description": "the job's v2 status URL", "schema": STRING}}),
                 **errors(400, 401, 403, 404, 409, 413, 429)},
                 request_body={"required": True, "content": {

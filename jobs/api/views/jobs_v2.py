@@ -87,7 +87,9 @@ def _submit(request: HttpRequest) -> HttpResponse:
     v1._count_submission(request)
     job = services.job_submit(owner=request.user, config=request.body)  # type: ignore[arg-type]
     location = api_url(request, "job", username=job.owner.username, name=job.name)
-    return ok({"message": f"update job {job.name} successfully"}, status=202, headers={"Location": location})
+    # OpenPAI's v2 answer repeats its status in the body.
+    return ok({"status": 202, "message": f"update job {job.name} successfully"}, status=202,
+              headers={"Location": location})
 
 
 # A job's status lists its newest job attempts, each with every task's

@@ -79,7 +79,8 @@ def test_a_running_job_has_no_exit_spec_yet(alice) -> None:
 
 def test_job_attempts_carry_openpais_names(alice, bob, admin_user) -> None:
     job = _oom_job_retried(alice, "attempts_named")
-    attempts = _api(alice).get(f"/api/v2/jobs/{alice.username}~{job.name}/job-attempts").json()
+    answer = _api(alice).get(f"/api/v2/jobs/{alice.username}~{job.name}/job-attempts")
+    attempts = json.loads(b"".join(answer.streaming_content))
     assert [a["attemptIndex"] for a in attempts] == [1, 2, 3]
     assert [a["state"] for a in attempts] == ["FAILED"] * 3
     assert [a["exitPhrase"] for a in attempts] == ["NodeLost", "CommandExitedNonZero", "ContainerOOMKilled"]
@@ -107,6 +108,12 @@ def test_the_v2_list_keyword_matches_virtual_clusters(alice, bob) -> None:
     listed = _api(alice).get("/api/v2/jobs", {"keyword": "kwvis"}).json()
     assert [item["name"] for item in listed] == ["kw_plain"]
     assert listed[0]["submissionTime"] == listed[0]["createdTime"]
+    # OpenPAI's UNKNOWN state is taken, and no job is ever in it; a made-up state is refused.
+    assert _api(alice).get("/api/v2/jobs", {"keyword": "kwvis", "state": "UNKNOWN"}).json() == []
+    assert [item["name"] for item in _api(alice).get(
+        "/api/v2/jobs", {"keyword": "kwvis", "state": "UNKNOWN,SUCCEEDED"}).json()] == ["kw_plain"]
+    refused = _api(alice).get("/api/v2/jobs", {"state": "NAPPING"})
+    assert refused.status_code == 400 and "NAPPING" in refused.json()["message"]
     # Another user's list has nothing of alice's, whatever the keyword.
     assert _api(bob).get("/api/v2/jobs", {"keyword": "kwvis"}).json() == []
     assert Client().get("/api/v2/jobs", {"keyword": "kwvis"}).status_code == 401

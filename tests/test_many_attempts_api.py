@@ -7,6 +7,7 @@ Users: alice (owner), bob (another user); each test makes its own.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from django.test import Client
@@ -100,10 +101,42 @@ def test_the_v2_status_lists_the_newest_attempts_and_job_attempts_lists_all(alic
                       or '"job_attempt_id" = ' in q["sql"]]
     assert len(by_job_attempt) == 1, by_job_attempt
 
-    every = client.get(path + "/job-attempts").json()
+    every = json.loads(b"".join(client.get(path + "/job-attempts").streaming_content))
     assert [a["attemptIndex"] for a in every] == list(range(1, 13))
     assert [t["containerId"] for t in every[0]["taskRoles"]["main"]["taskStatuses"]] == ["c1-0", "c1-1"]
     assert client.get(path + "/job-attempts/3").json() == every[2]
     # Another user and an anonymous client see none of it.
     for other in (_api(bob), Client()):
         assert other.get(path).status_code in (401, 404) and other.get(path + "/job-attempts").status_code in (401, 404)
+
+
+def test_every_attempt_is_listed_one_attempt_at_a_time(alice, bob):
+    """`.../job-attempts` lists them all, as OpenPAI does, but holds one
+    attempt's containers at a time: by the time each attempt is written, no
+    more task attempts have been read than the attempts so far hold."""
+    from django.db.models.signals import post_init
+
+    _job(alice, "listed_whole", tasks=3, retries=5, placed=6)
+    made: list[TaskAttempt] = []
+
+    def count(sender, instance, **kwargs) -> None:
+        made.append(instance)
+
+    path = f"/api/v2/jobs/{alice.username}~listed_whole/job-attempts"
+    post_init.connect(count, sender=TaskAttempt)
+    try:
+        response = _api(alice).get(path)
+        assert response.streaming
+        chunks, read_by_then = [], []
+        for chunk in response.streaming_content:
+            chunks.append(chunk)
+            read_by_then.append(len(made))
+    finally:
+        post_init.disconnect(count, sender=TaskAttempt)
+    attempts = json.loads(b"".join(chunks))
+    assert [a["attemptIndex"] for a in attempts] == [1, 2, 3, 4, 5, 6]
+    assert [t["containerId"] for t in attempts[5]["taskRoles"]["main"]["taskStatuses"]] == ["c6-0", "c6-1", "c6-2"]
+    # "[", then one chunk per attempt (3 containers each), then "]".
+    assert read_by_then == [0, 3, 6, 9, 12, 15, 18, 18]
+    assert _api(bob).get(path).status_code == 404
+    assert Client().get(path).status_code == 401

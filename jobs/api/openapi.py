@@ -204,8 +204,7 @@ def _schemas() -> dict[str, Schema]:
         "JobSummary": obj({
             "name": STRING, "username": STRING, "state": {"type": "string", "enum": JOB_STATES},
             "subState": STRING, "executionType": {"type": "string", "enum": ["START", "STOP"]},
-            "retries": INTEGER, "createdTime": MILLIS, "submissionTime": MILLIS, "launchedTime": nullable(MILLIS),
-            "completedTime": nullable(MILLIS),
+            "retries": INTEGER, "createdTime": MILLIS, "completedTime": nullable(MILLIS),
             "appExitCode": nullable(INTEGER), "virtualCluster": STRING, "totalGpuNumber": INTEGER,
             "totalTaskNumber": INTEGER, "totalTaskRoleNumber": INTEGER,
         }, ["name", "username", "state", "subState", "executionType", "retries", "createdTime", "completedTime",

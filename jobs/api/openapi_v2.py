@@ -21,7 +21,7 @@ def _list_parameters() -> list[Schema]:
     return [
         query_param("username", f"owners ({comma})", STRING),
         query_param("vc", f"virtual clusters ({comma})", STRING),
-        query_param("state", f"job states ({comma})", STRING),
+        query_param("state", f"job states ({comma}; OpenPAI's UNKNOWN matches no job)", STRING),
         query_param("keyword", "in the job's name, owner or virtual cluster", STRING),
         query_param("tagsContain", f"jobs with any of these tags ({comma})", STRING),
         query_param("tagsNotContain", f"jobs with none of these tags ({comma})", STRING),
@@ -50,7 +50,9 @@ def _v2_schemas() -> dict[str, Schema]:
             "taskRoleStatus": obj({"name": STRING}, ["name"]),
             "taskStatuses": {"type": "array", "items": ref("TaskStatus")}})},
     }, ["attemptIndex", "attemptState", "state", "isLatest", "taskRoles"])
-    summary = {"allOf": [ref("JobSummary"), obj({"tags": {"type": "array", "items": STRING}})]}
+    summary = {"allOf": [ref("JobSummary"), obj({
+        "tags": {"type": "array", "items": STRING}, "submissionTime": INTEGER,
+        "launchedTime": {**INTEGER, "nullable": True}})]}
     return {
         "JobAttempt": attempt,
         "JobSummaryV2": summary,

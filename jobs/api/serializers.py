@@ -56,8 +56,6 @@ def job_summary(job: Job) -> dict[str, Any]:
         "executionType": execution_type(job),
         "retries": job.retries,
         "createdTime": millis(job.submitted_at),
-        "submissionTime": millis(job.submitted_at),  # OpenPAI v2's name; createdTime is v1's
-        "launchedTime": millis(job.started_at),
         "completedTime": millis(job.finished_at),
         "appExitCode": job.exit_code,
         "virtualCluster": job.virtual_cluster.name,

@@ -9,8 +9,11 @@ API_ANONYMOUS_READ opens v1's list and status only. Another user's job is
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from jobs import exit_spec, services
 from jobs.api import openapi_v2, serializers
@@ -44,9 +47,10 @@ def _filtered(request: HttpRequest) -> QuerySet[Job]:
     if vcs := _names(params.get("vc")):
         jobs = jobs.filter(virtual_cluster__name__in=vcs)
     if states := _names(params.get("state")):
-        unknown = sorted(set(states) - set(State.values))
+        # OpenPAI's UNKNOWN is a state of its own that no job here is ever in.
+        unknown = sorted(set(states) - set(State.values) - {"UNKNOWN"})
         if unknown:
-            raise invalid(f"state {', '.join(unknown)} is not one of {', '.join(State.values)}.")
+            raise invalid(f"state {', '.join(unknown)} is not one of {', '.join(State.values)}, UNKNOWN.")
         jobs = jobs.filter(state__in=states)
     if keyword := params.get("keyword"):
         jobs = jobs.filter(Q(name__icontains=keyword) | Q(owner__username__icontains=keyword)
@@ -76,10 +80,16 @@ def _list(request: HttpRequest) -> HttpResponse:
     limit = int_param(request.GET, "limit", default=MAX_PAGE, minimum=1, maximum=MAX_PAGE)
     ids = list(jobs.values_list("pk", flat=True)[offset:offset + limit])
     tags_by_job = listing.tags_of(ids)
-    data = [{**serializers.job_summary(job), "tags": tags_by_job.get(job.pk, [])} for job in listing.jobs_by_ids(ids)]
+    data = [{**serializers.job_summary(job), **_v2_times(job), "tags": tags_by_job.get(job.pk, [])}
+            for job in listing.jobs_by_ids(ids)]
     if request.GET.get("withTotalCount") == "true":
         return ok({"totalCount": jobs.count(), "data": data})
     return ok(data)
+
+
+def _v2_times(job: Job) -> dict:
+    """The times OpenPAI's v2 list gives beside v1's createdTime."""
+    return {"submissionTime": serializers.millis(job.submitted_at), "launchedTime": serializers.millis(job.started_at)}
 
 
 @handler(Access.USER)
@@ -170,8 +180,20 @@ def _config(request: HttpRequest, username: str, name: str) -> HttpResponse:
 
 @handler(Access.USER)
 def _attempts(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    """Every attempt, as OpenPAI lists them, written one attempt at a time:
+    a job of 1,000 tasks and 100 retries has 101,000 containers, and a
+    worker that every user shares must not hold them all at once."""
     job = v1.find_job(request, username, name)
-    return ok(_attempt_bodies(request, job, list(job.attempts.order_by("number"))))
+    attempts = list(job.attempts.order_by("number"))
+
+    def parts() -> Iterator[bytes]:
+        yield b"["
+        for position, attempt in enumerate(attempts):
+            body = json.dumps(_attempt_bodies(request, job, [attempt])[0], ensure_ascii=False)
+            yield ("," if position else "").encode() + body.encode()
+        yield b"]"
+
+    return StreamingHttpResponse(parts(), content_type="application/json")
 
 
 @handler(Access.USER)

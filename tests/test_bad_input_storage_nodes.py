@@ -317,3 +317,38 @@ def test_an_upgrade_cordons_old_rows_no_page_could_read(admin_client, alice) -> 
     finally:
         for row in made.values():
             row.delete()
+
+
+@pytest.mark.parametrize("gpus", [
+    [], [{"index": 0, "type": "V100"}, {"index": 1, "type": "A100-80G"}], [{"index": 0, "type": "V100"}] * 2,
+    [{"index": True, "type": "V100"}], [{"index": -1, "type": "V100"}], [{"index": 0, "type": "V 100"}],
+    [{"index": 0, "type": "x" * 65}], [{"index": 0}], [{"index": 0, "type": "V100", "extra": 1}], {"0": "V100"},
+    "V100", None, [1],
+])
+def test_migration_0018_judged_gpus_as_the_admins_checks_do(gpus) -> None:
+    """0018 carries its own copy of the checks of its day, so that a later
+    change to them cannot change it; today they still agree."""
+    import importlib
+
+    from django.core.exceptions import ValidationError
+
+    from jobs.models import validate_node_gpus
+
+    migration = importlib.import_module("jobs.migrations.0018_cordon_unreadable_node_rows")
+    try:
+        validate_node_gpus(gpus)
+        readable = True
+    except ValidationError:
+        readable = False
+    assert migration.gpus_readable(gpus) is readable
+
+
+@pytest.mark.parametrize("ports", [(21000, 21099), (21000, 21000), (21000, 100), (80, 2000), (1024, 65535),
+                                   (2000, 70000), (None, None), (None, 3000)])
+def test_migration_0018_judged_port_ranges_as_the_admins_checks_do(ports) -> None:
+    import importlib
+
+    from jobs.models import node_port_range_errors
+
+    migration = importlib.import_module("jobs.migrations.0018_cordon_unreadable_node_rows")
+    assert migration.port_range_usable(*ports) is (not node_port_range_errors(*ports))

@@ -195,11 +195,11 @@ def converted_text(check: DraftCheck) -> tuple[str | None, str]:
     if check.protocol == 2:
         if check.value is None:
             return None, check.form_note
-        return convert.v1_text(check.value), ""
+        return convert.v1_text(convert.v1_export(check.value)), ""
     value, cannot = convert.form_as_v2(check.value)
     if value is None:
         return None, f"v2 has no place for {', '.join(cannot)}"
-    return convert.v2_text(value), ""
+    return convert.v2_text(convert.v2_export(value)), ""
 
 
 def form_text(form_json: str) -> tuple[str | None, list[str]]:

@@ -297,7 +297,9 @@ def test_it_shows_a_v2_config_in_the_form_and_exports_it_as_v1(alice):
                        "portList": [{"label": "http", "beginAt": 0, "portNumber": 1}],
                        "command": "echo one && echo two"}],
     }
-    assert json.loads(result["otherText"])["jobName"] == name
+    exported = json.loads(result["otherText"])
+    assert exported["jobName"] == name
+    assert exported["taskRoles"][0]["shmMB"] == 256  # v2's default (at most memoryMB), written out for v1
 
 
 def test_it_writes_form_edits_of_a_v2_draft_back_as_yaml(alice):

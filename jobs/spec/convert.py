@@ -29,6 +29,9 @@ from typing import Any
 
 import yaml
 
+from jobs.spec.language import V1_DEFAULT_SHM_MB
+from jobs.spec.v2 import default_shm_mb
+
 IMAGE_PREREQUISITE = "image"  # (ours) the dockerimage prerequisite's name in a v2 config made from the form
 V2_NOTES = ("version", "contributor", "description")  # kept as they are, both ways
 _V2_TOP = ("protocolVersion", "name", "type", "prerequisites", "jobRetryCount", "taskRoles", "defaults", "extras",
@@ -225,6 +228,46 @@ def _role_as_v2(index: int, role: Any) -> tuple[dict[str, Any], list[str]]:
 
 def _default_completion(key: str, item: Any) -> bool:
     return (key, item) in (("minFailedTaskCount", 1), ("minSucceededTaskCount", None))
+
+
+# ------------------------------------------------------------ export
+
+# The two protocols give a task role without shmMB different /dev/shm sizes
+# (v1 64 MB, v2 512 MB): a config exported to the other protocol has each
+# role's size written out, so the job it describes stays the same. The form
+# keeps the config as typed; only Export does this.
+
+
+def v1_export(config: dict[str, Any]) -> dict[str, Any]:
+    """`v2_as_form`'s config, each task role's v2 shared memory written out."""
+    roles = config.get("taskRoles")
+    if not isinstance(roles, list):
+        return config
+    return {**config, "taskRoles": [_with_v2_shm(role) for role in roles]}
+
+
+def _with_v2_shm(role: Any) -> Any:
+    if not isinstance(role, dict) or role.get("shmMB"):
+        return role
+    memory = role.get("memoryMB")
+    shm = default_shm_mb(memory) if isinstance(memory, int) and not isinstance(memory, bool) else None
+    return role if shm is None else {**role, "shmMB": shm}
+
+
+def v2_export(value: dict[str, Any]) -> dict[str, Any]:
+    """`form_as_v2`'s config of a v1 one, each task role's v1 shared memory
+    written out (none or 0 in v1 is Docker's default, 64 MB)."""
+    roles = value.get("taskRoles")
+    if not isinstance(roles, dict):
+        return value
+    return {**value, "taskRoles": {name: _with_v1_shm(role) for name, role in roles.items()}}
+
+
+def _with_v1_shm(role: Any) -> Any:
+    options = role.get("extraContainerOptions") if isinstance(role, dict) else None
+    if not isinstance(role, dict) or (isinstance(options, dict) and options.get("shmMB")):
+        return role
+    return {**role, "extraContainerOptions": {**(options or {}), "shmMB": V1_DEFAULT_SHM_MB}}
 
 
 def v2_text(value: dict[str, Any]) -> str:

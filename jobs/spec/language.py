@@ -17,6 +17,9 @@ MAX_GPU_NUMBER = 64
 MAX_PORT_NUMBER = 100
 MAX_RETRY_COUNT = 100
 MAX_NAME_LENGTH = 128
+# /dev/shm of a v1 task role without shmMB (the v1 reference: 64 MB).
+# Protocol v2's differs: jobs/spec/v2.py DEFAULT_SHM_MB.
+V1_DEFAULT_SHM_MB = 64
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9\-._~]+\Z")
 ROLE_NAME_RE = re.compile(r"^[A-Za-z0-9._~]+\Z")

@@ -14,6 +14,7 @@ How v2 maps onto a JobSpec:
     prerequisites dockerimage   resourcePerInstance cpu/memoryMB/gpu,
       uri -> image, auth ->       ports {label: n} -> PortSpec(label, 0, n)
       image_auth                extraContainerOptions.shmMB -> shm_mb
+                                  (none or 0: 512, at most memoryMB)
     completion.minFailedInstances / minSucceededInstances (-1 or null:
       never / all) -> min_failed/succeeded_task_count
     extras -> extras (kept; hivedScheduler skuType/gpuType -> gpu_type)
@@ -60,6 +61,10 @@ AUTH_FIELDS = ("username", "password", "registryuri")
 KNOWN_EXTRAS = ("submitFrom", "gangAllocation", "hivedScheduler", "com.microsoft.pai.runtimeplugin", "uploadOutputs",
                 "gpuType", "jobStatusChangeNotification")
 MAX_COMMAND = 64 * 1024
+# OpenPAI's /dev/shm for a v2 task role that gives no shmMB (or 0): both its
+# launchers (rest-server models/v2/job/k8s.js and yarn.js) use 512 MB, not
+# v1's 64. PyTorch's DataLoader workers, common in v2 configs, need it.
+DEFAULT_SHM_MB = 512
 
 
 class V2Validator(_Validator):
@@ -321,7 +326,9 @@ class V2Validator(_Validator):
         if self.problem_count > before or resources is None or command is None or instances is None:
             return None
         cpu, memory, gpu, ports = resources
-        if shm > memory:
+        if shm is None:
+            shm = default_shm_mb(memory)
+        elif shm > memory:
             self.error(f"{path}.extraContainerOptions.shmMB", f"expected at most memoryMB ({memory}), got {shm}")
             return None
         return TaskRoleSpec(name=name, task_number=instances, cpu_number=cpu, memory_mb=memory, shm_mb=shm,
@@ -353,7 +360,9 @@ class V2Validator(_Validator):
             chosen[kind] = prerequisites[kind].get(ref) if ref else None
         return chosen
 
-    def container_options(self, role: dict, path: str) -> int:
+    def container_options(self, role: dict, path: str) -> int | None:
+        """The role's shmMB, or None for OpenPAI's default (none given, or 0,
+        which OpenPAI's launchers also read as "the default")."""
         options = self.mapping(role, "extraContainerOptions", path) or {}
         where = f"{path}.extraContainerOptions"
         for key, item in options.items():
@@ -365,9 +374,8 @@ class V2Validator(_Validator):
             elif key != "shmMB":
                 self.error(f"{where}.{key}", f'"{key}" is not supported; extraContainerOptions takes shmMB '
                                              "(and infiniband, ignored)")
-        shm = self.integer(options, "shmMB", where, required=False, minimum=0, maximum=MAX_MEMORY_MB, default=64,
-                           unit=" MB")
-        return 64 if shm is None else shm
+        shm = self.integer(options, "shmMB", where, required=False, minimum=0, maximum=MAX_MEMORY_MB, unit=" MB")
+        return shm or None
 
     def resources(self, role: dict, path: str) -> tuple[int, int, int, tuple[PortSpec, ...]] | None:
         resources = self.mapping(role, "resourcePerInstance", path, required=True)
@@ -511,6 +519,13 @@ class V2Validator(_Validator):
             return None
         return kind
 
+
+
+def default_shm_mb(memory_mb: int) -> int:
+    """/dev/shm of a v2 task role without shmMB: OpenPAI's DEFAULT_SHM_MB,
+    but (ours) never more than the role's memory, so that a small role is
+    not refused for a size it did not ask for."""
+    return min(DEFAULT_SHM_MB, memory_mb)
 
 
 def _image_of(item: dict) -> tuple[str, dict[str, str] | None]:

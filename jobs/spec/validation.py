@@ -11,7 +11,7 @@ from typing import Any
 from jobs.jsonc import Positions
 from jobs.spec.language import (
     MAX_TASKS_PER_JOB, MAX_TASK_NUMBER, MAX_CPU_NUMBER, MAX_MEMORY_MB, MAX_GPU_NUMBER, MAX_PORT_NUMBER,
-    MAX_RETRY_COUNT, MAX_NAME_LENGTH, JOB_NAME_RE, ROLE_NAME_RE, LABEL_RE, VC_NAME_RE, ENV_NAME_RE,
+    MAX_RETRY_COUNT, MAX_NAME_LENGTH, V1_DEFAULT_SHM_MB, JOB_NAME_RE, ROLE_NAME_RE, LABEL_RE, VC_NAME_RE, ENV_NAME_RE,
     GPU_TYPE_RE, MAX_GPU_TYPE_LENGTH, BOOLEAN_ENVS, PLATFORM_ENVS, JOB_FIELDS, JOB_KEPT_FIELDS, ROLE_FIELDS, ROLE_KEPT_FIELDS, PORT_FIELDS, DIR_FIELDS, Scalar,
     V2_ONLY_JOB_KEYS, V2_ONLY_ROLE_KEYS, SpecProblem, PortSpec, TaskRoleSpec, JobSpec, substitute,
     default_output_dir,
@@ -254,7 +254,8 @@ class _Validator:
         tasks = self.integer(item, "taskNumber", path, required=True, minimum=1, maximum=MAX_TASK_NUMBER)
         cpus = self.integer(item, "cpuNumber", path, required=True, minimum=1, maximum=MAX_CPU_NUMBER)
         memory = self.integer(item, "memoryMB", path, required=True, minimum=100, maximum=MAX_MEMORY_MB, unit=" MB")
-        shm = self.integer(item, "shmMB", path, required=False, minimum=0, maximum=MAX_MEMORY_MB, default=64, unit=" MB")
+        shm = self.integer(item, "shmMB", path, required=False, minimum=0, maximum=MAX_MEMORY_MB,
+                           default=V1_DEFAULT_SHM_MB, unit=" MB")
         gpus = self.integer(item, "gpuNumber", path, required=True, minimum=0, maximum=MAX_GPU_NUMBER)
         command = self.string(item, "command", path, required=True, allow_empty=False, max_length=64 * 1024,
                               pattern_help="the shell command each task runs")
@@ -276,7 +277,7 @@ class _Validator:
             return None
         return TaskRoleSpec(
             name=name, task_number=tasks, cpu_number=cpus, memory_mb=memory,  # type: ignore[arg-type]
-            shm_mb=64 if shm is None else shm, gpu_number=gpus, ports=tuple(ports),  # type: ignore[arg-type]
+            shm_mb=V1_DEFAULT_SHM_MB if shm is None else shm, gpu_number=gpus, ports=tuple(ports),  # type: ignore[arg-type]
             command=command, min_failed_task_count=min_failed,  # type: ignore[arg-type]
             min_succeeded_task_count=min_succeeded, extra=extra,
         )

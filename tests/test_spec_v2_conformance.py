@@ -1,0 +1,83 @@
+"""Protocol v2 as OpenPAI 1.x reads it, where the schema alone does not say:
+the defaults its REST server applies (rest-server models/v2/job/k8s.js),
+what it renders with secrets (middlewares/v2/protocol.js), and what its
+runtime plugins ignore rather than refuse (kube-runtime plugins/ssh)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from jobs.spec import ParsedConfig, SpecError, parse_config_text
+from jobs.spec import convert
+
+FS = "hdfs://namenode:9000"
+
+
+def minimal(**changes) -> dict:
+    config = {
+        "protocolVersion": 2, "name": "v2job", "type": "job",
+        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "busybox"}],
+        "taskRoles": {"main": {"dockerImage": "img", "resourcePerInstance": {"cpu": 1, "memoryMB": 2048, "gpu": 0},
+                               "commands": ["echo hi"]}},
+    }
+    config.update(changes)
+    return config
+
+
+def with_role(**fields) -> dict:
+    config = minimal()
+    config["taskRoles"]["main"].update(fields)
+    return config
+
+
+def parse(config: dict) -> ParsedConfig:
+    return parse_config_text(yaml.safe_dump(config, sort_keys=False), user_name="alice", default_fs_uri=FS)
+
+
+def problems(config: dict) -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        parse(config)
+    return [str(p) for p in caught.value.problems]
+
+
+# -------------------------------------------------------------- shared memory
+
+
+def test_it_gives_a_role_without_shm_openpais_512_mb():
+    assert parse(minimal()).spec.role("main").shm_mb == 512
+
+
+def test_it_reads_a_zero_shm_as_the_default_as_openpai_does():
+    assert parse(with_role(extraContainerOptions={"shmMB": 0})).spec.role("main").shm_mb == 512
+
+
+def test_the_default_shm_never_exceeds_a_small_roles_memory():
+    config = minimal()
+    config["taskRoles"]["main"]["resourcePerInstance"]["memoryMB"] = 256
+    assert parse(config).spec.role("main").shm_mb == 256
+
+
+def test_it_keeps_a_shm_the_role_gives_and_still_refuses_one_above_its_memory():
+    assert parse(with_role(extraContainerOptions={"shmMB": 64})).spec.role("main").shm_mb == 64
+    assert any("taskRoles.main.extraContainerOptions.shmMB: expected at most memoryMB (2048), got 4096" in p
+               for p in problems(with_role(extraContainerOptions={"shmMB": 4096})))
+
+
+def test_export_writes_each_protocols_default_shm_out():
+    form, uses = convert.v2_as_form(minimal())
+    assert uses == [] and "shmMB" not in form["taskRoles"][0]  # the form shows the config as typed
+    assert convert.v1_export(form)["taskRoles"][0]["shmMB"] == 512
+    v1 = {"jobName": "j", "image": "busybox", "taskRoles": [
+        {"name": "a", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 512, "gpuNumber": 0, "command": "x"},
+        {"name": "b", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 512, "gpuNumber": 0, "command": "x", "shmMB": 0},
+        {"name": "c", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 512, "gpuNumber": 0, "command": "x", "shmMB": 32},
+    ]}
+    value, cannot = convert.form_as_v2(v1)
+    assert cannot == []
+    exported = convert.v2_export(value)
+    assert [role["extraContainerOptions"]["shmMB"] for role in exported["taskRoles"].values()] == [64, 64, 32]
+    assert [role.shm_mb for role in parse(exported).spec.task_roles] == [64, 64, 32]
+    assert json.dumps(value) != json.dumps(exported)  # the form's own conversion is left as it was

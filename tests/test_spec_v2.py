@@ -165,7 +165,7 @@ taskRoles:
     data: missing
     resourcePerInstance: {cpu: 0, memoryMB: 10, gpu: 1, disk: 3}
     extraContainerOptions: {privileged: true}
-    completion: {minFailedInstances: 0}
+    completion: {minFailedInstances: 2}
     commands: ["echo <% $parameters.x %>"]
 defaults: {deployment: prod}
 """
@@ -180,7 +180,7 @@ defaults: {deployment: prod}
         "taskRoles.main.resourcePerInstance.memoryMB: expected at least 100 MB",
         'taskRoles.main.resourcePerInstance.disk: unknown field "disk"',
         'taskRoles.main.extraContainerOptions.privileged: "privileged" is not supported',
-        "taskRoles.main.completion.minFailedInstances: expected -1 or between 1 and instances (1), got 0",
+        "taskRoles.main.completion.minFailedInstances: expected -1 or between 1 and instances (1), got 2",
         "taskRoles.main.commands[0]: <% $parameters.x %>: there is no parameters.x (line 14, column 16)",
         'defaults.deployment: deployment "prod" does not exist',
     ]

@@ -81,3 +81,28 @@ def test_export_writes_each_protocols_default_shm_out():
     assert [role["extraContainerOptions"]["shmMB"] for role in exported["taskRoles"].values()] == [64, 64, 32]
     assert [role.shm_mb for role in parse(exported).spec.task_roles] == [64, 64, 32]
     assert json.dumps(value) != json.dumps(exported)  # the form's own conversion is left as it was
+
+
+# --------------------------------------------------------- completion policy
+
+
+@pytest.mark.parametrize("given", [None, 0])
+def test_a_null_or_zero_min_failed_is_the_default_as_in_openpai_1_with_a_warning(given):
+    parsed = parse(with_role(instances=2, completion={"minFailedInstances": given}))
+    assert parsed.spec.role("main").min_failed_task_count == 1
+    [warning] = parsed.warnings
+    assert warning.path == "taskRoles.main.completion.minFailedInstances"
+    assert "the job fails when 1 task fails; write -1 for task failures never to fail the job" in warning.message
+
+
+def test_a_null_or_zero_min_succeeded_is_all_tasks_and_only_zero_is_warned():
+    null = parse(with_role(instances=2, completion={"minSucceededInstances": None}))
+    zero = parse(with_role(instances=2, completion={"minSucceededInstances": 0}))
+    assert null.spec.role("main").min_succeeded_task_count is zero.spec.role("main").min_succeeded_task_count is None
+    assert null.warnings == [] and [w.path for w in zero.warnings] == [
+        "taskRoles.main.completion.minSucceededInstances"]
+
+
+def test_minus_one_still_means_never_and_all():
+    role = parse(with_role(completion={"minFailedInstances": -1, "minSucceededInstances": -1})).spec.role("main")
+    assert (role.min_failed_task_count, role.min_succeeded_task_count) == (None, None)

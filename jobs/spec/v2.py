@@ -15,8 +15,8 @@ How v2 maps onto a JobSpec:
       uri -> image, auth ->       ports {label: n} -> PortSpec(label, 0, n)
       image_auth                extraContainerOptions.shmMB -> shm_mb
                                   (none or 0: 512, at most memoryMB)
-    completion.minFailedInstances / minSucceededInstances (-1 or null:
-      never / all) -> min_failed/succeeded_task_count
+    completion.minFailedInstances / minSucceededInstances (-1: never /
+      all; null or 0: the default, 1 / all) -> min_failed/succeeded_task_count
     extras -> extras (kept; hivedScheduler skuType/gpuType -> gpu_type)
 
 Images: each task role runs the dockerimage prerequisite its dockerImage
@@ -61,6 +61,13 @@ AUTH_FIELDS = ("username", "password", "registryuri")
 KNOWN_EXTRAS = ("submitFrom", "gangAllocation", "hivedScheduler", "com.microsoft.pai.runtimeplugin", "uploadOutputs",
                 "gpuType", "jobStatusChangeNotification")
 MAX_COMMAND = 64 * 1024
+# What a completion count of null or 0 means, as OpenPAI 1.x reads it.
+_UNSET_COMPLETION = {
+    "minFailedInstances": "null or 0 is the default here, as in OpenPAI 1.x: the job fails when 1 task fails; "
+                          "write -1 for task failures never to fail the job",
+    "minSucceededInstances": "0 is the default here, as in OpenPAI 1.x: the job succeeds when all its tasks "
+                             "have completed (as -1)",
+}
 # OpenPAI's /dev/shm for a v2 task role that gives no shmMB (or 0): both its
 # launchers (rest-server models/v2/job/k8s.js and yarn.js) use 512 MB, not
 # v1's 64. PyTorch's DataLoader workers, common in v2 configs, need it.
@@ -343,9 +350,15 @@ class V2Validator(_Validator):
         for key, default in (("minFailedInstances", 1), ("minSucceededInstances", None)):
             number = self.integer(completion, key, where, required=False, minimum=-1, maximum=MAX_TASK_NUMBER,
                                   default=default, nullable=True)
-            if number == 0 or (number is not None and number > instances):
+            if key in completion and (completion[key] is None or number == 0):
+                # OpenPAI 1.x (k8s.js) takes null and 0 for "not given"; its
+                # YARN launcher and v1 read a null minFailed as "never".
+                if key == "minFailedInstances" or number == 0:  # a null minSucceeded is "all" either way
+                    self.warn(f"{where}.{key}", _UNSET_COMPLETION[key])
+                number = default
+            elif number is not None and number > instances:
                 self.error(f"{where}.{key}", f"expected -1 or between 1 and instances ({instances}), got {number}")
-            counts.append(None if number in (-1, 0) else number)
+            counts.append(None if number == -1 else number)
         return counts[0], counts[1]
 
     def role_prerequisites(self, role: dict, path: str, prerequisites: dict) -> dict[str, dict | None]:

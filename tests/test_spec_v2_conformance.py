@@ -106,3 +106,49 @@ def test_a_null_or_zero_min_succeeded_is_all_tasks_and_only_zero_is_warned():
 def test_minus_one_still_means_never_and_all():
     role = parse(with_role(completion={"minFailedInstances": -1, "minSucceededInstances": -1})).spec.role("main")
     assert (role.min_failed_task_count, role.min_succeeded_task_count) == (None, None)
+
+
+# ------------------------------------------------------- registry credentials
+
+
+def private_image(**auth: str) -> dict:
+    config = minimal(secrets={"user": "robot-user", "pw": "registry-pass-5150", "host": "registry.example.org"})
+    config["prerequisites"][0]["auth"] = auth
+    return config
+
+
+def test_every_auth_field_may_name_a_secret_and_keeps_it_a_reference():
+    parsed = parse(private_image(username="<% $secrets.user %>", password="<%$secrets.pw%>",
+                                 registryuri="<% $secrets.host %>"))
+    assert parsed.spec.image_auth == {"registry": "<% $secrets.host %>", "username": "<% $secrets.user %>",
+                                      "password": "<% $secrets.pw %>"}
+    stored = json.dumps(parsed.spec.to_config())
+    assert not any(value in stored for value in parsed.secrets.values())
+
+
+def test_the_node_pulls_with_the_secrets_the_auth_names():
+    from types import SimpleNamespace
+
+    from jobs import keys
+    from jobs.node.launcher import RegistryAuth
+    from jobs.node.runner import config_registry_auth
+
+    parsed = parse(private_image(username="<% $secrets.user %>", password="<% $secrets.pw %>",
+                                 registryuri="registry.example.org"))
+    ctx = SimpleNamespace(spec=parsed.spec, me=SimpleNamespace(role="main"),
+                          job=SimpleNamespace(secrets_sealed=keys.seal_secrets(parsed.secrets)))
+    assert config_registry_auth(ctx) == RegistryAuth(registry="registry.example.org", username="robot-user",
+                                                     password="registry-pass-5150")
+
+
+@pytest.mark.parametrize("auth, words", [
+    ({"username": "<% $secrets.nobody %>", "password": "<% $secrets.pw %>"},
+     "prerequisites[0].auth.username: <% $secrets.nobody %>: there is no secrets.nobody"),
+    ({"username": "u", "password": "<% $secrets.nobody %>"},
+     "prerequisites[0].auth.password: <% $secrets.nobody %>: there is no secrets.nobody"),
+    ({"username": "<% $parameters.user %>", "password": "<% $secrets.pw %>"},
+     "prerequisites[0].auth.username: <% $parameters.user %>: a dockerimage's auth takes <% $secrets.name %> "
+     "references only"),
+])
+def test_it_names_an_auth_reference_to_nothing(auth, words):
+    assert any(p.startswith(words) for p in problems(private_image(**auth))), problems(private_image(**auth))

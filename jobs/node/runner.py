@@ -109,12 +109,14 @@ def task_command(ctx: LaunchContext) -> str:
 
 def config_registry_auth(ctx: LaunchContext) -> launcher.RegistryAuth | None:
     """Credentials a v2 config gives for the task's image: its role's own,
-    or the job's (the password a secret)."""
+    or the job's (the password a secret; the others may hold secrets too)."""
     _image, auth = ctx.spec.role_image(ctx.me.role)
     if not auth or ctx.spec.auth_file:
         return None
-    password = resolve_secrets(auth.get("password", ""), keys.open_secrets(ctx.job.secrets_sealed))
-    return launcher.RegistryAuth(registry=auth.get("registry", ""), username=auth.get("username", ""), password=password)
+    secrets = keys.open_secrets(ctx.job.secrets_sealed)
+    registry, username, password = (resolve_secrets(auth.get(key, ""), secrets)
+                                    for key in ("registry", "username", "password"))
+    return launcher.RegistryAuth(registry=registry, username=username, password=password)
 
 
 def authorized_keys(job: Job) -> str:

@@ -39,7 +39,7 @@ from jobs.spec.language import (
     MAX_CPU_NUMBER, MAX_GPU_NUMBER, MAX_MEMORY_MB, MAX_NAME_LENGTH, MAX_PORT_NUMBER, MAX_RETRY_COUNT, MAX_TASK_NUMBER,
     MAX_TASKS_PER_JOB, VC_NAME_RE, JobSpec, PortSpec, TaskRoleSpec,
 )
-from jobs.spec.v2_text import RenderProblem, as_references, render, secret_ref
+from jobs.spec.v2_text import ROOTS, RenderProblem, as_references, render
 from jobs.spec.validation import _describe, _Validator
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]+\Z")
@@ -61,6 +61,8 @@ AUTH_FIELDS = ("username", "password", "registryuri")
 KNOWN_EXTRAS = ("submitFrom", "gangAllocation", "hivedScheduler", "com.microsoft.pai.runtimeplugin", "uploadOutputs",
                 "gpuType", "jobStatusChangeNotification")
 MAX_COMMAND = 64 * 1024
+# OpenPAI renders a dockerimage's auth with $secrets and nothing else.
+_AUTH_MISSING = {root: "a dockerimage's auth takes <% $secrets.name %> references only" for root in ROOTS}
 # What a completion count of null or 0 means, as OpenPAI 1.x reads it.
 _UNSET_COMPLETION = {
     "minFailedInstances": "null or 0 is the default here, as in OpenPAI 1.x: the job fails when 1 task fails; "
@@ -139,7 +141,7 @@ class V2Validator(_Validator):
         retry = self.integer(value, "jobRetryCount", "", required=False, minimum=0, maximum=MAX_RETRY_COUNT, default=0)
         parameters = self.mapping(value, "parameters", "") or {}
         secrets = self.secrets(value)
-        prerequisites = self.prerequisites(value)
+        prerequisites = self.prerequisites(value, secrets)
         defaults = self.defaults(value)
         deployment = self.deployment(value, defaults.get("deployment"))
         roles = self.task_roles(value, prerequisites, parameters, secrets, deployment)
@@ -170,7 +172,7 @@ class V2Validator(_Validator):
         check(secrets, "secrets")
         return secrets
 
-    def prerequisites(self, value: dict) -> dict[str, dict[str, dict]]:
+    def prerequisites(self, value: dict, secrets: dict) -> dict[str, dict[str, dict]]:
         found: dict[str, dict[str, dict]] = {kind: {} for kind in PREREQUISITE_TYPES}
         items = value.get("prerequisites")
         if items is None:
@@ -184,16 +186,17 @@ class V2Validator(_Validator):
             if not isinstance(item, dict):
                 self.error(path, f"expected a mapping with name, type and uri, got {_describe(item)}")
                 continue
-            checked = self.prerequisite(item, path)
+            checked = self.prerequisite(item, path, secrets)
             if checked is None:
                 continue
-            kind, name = checked
+            kind, name, item = checked
             if name in found[kind]:
                 self.error(f"{path}.name", f'duplicate {kind} prerequisite "{name}"')
             found[kind][name] = item
         return found
 
-    def prerequisite(self, item: dict, path: str) -> tuple[str, str] | None:
+    def prerequisite(self, item: dict, path: str, secrets: dict) -> tuple[str, str, dict] | None:
+        """(type, name, the prerequisite with its auth rendered), or None."""
         if "plugin" in item or "callbacks" in item:
             self.error(path, "runtime-plugin prerequisites (plugin, callbacks) are not supported here; "
                              "put the commands in deployments or the task role's commands")
@@ -214,25 +217,36 @@ class V2Validator(_Validator):
                         pattern=re.compile(r"^\S+\Z") if kind == "dockerimage" else None,
                         pattern_help="a Docker image name without spaces, like busybox:latest")
         if "auth" in item:
-            self.auth(item, path, kind)
-        return (kind, name) if name is not None else None
+            auth = self.auth(item, path, kind, secrets)
+            item = item if auth is None else {**item, "auth": auth}
+        return (kind, name, item) if name is not None else None
 
-    def auth(self, item: dict, path: str, kind: str) -> None:
+    def auth(self, item: dict, path: str, kind: str, secrets: dict) -> dict[str, str] | None:
+        """A dockerimage's auth rendered as OpenPAI renders it (rest-server
+        middlewares/v2/protocol.js): every field with `$secrets` only, each
+        secret kept as its reference until the node pulls the image."""
         where = f"{path}.auth"
         if kind != "dockerimage":
             self.error(where, "only a dockerimage prerequisite takes auth")
-            return
+            return None
         auth = self.mapping(item, "auth", path)
         if auth is None:
-            return
+            return None
         self.refuse_unknown(auth, where, AUTH_FIELDS, "auth")
+        rendered: dict[str, str] = {}
         for key in AUTH_FIELDS:
-            self.string(auth, key, where, required=False, max_length=1024)
+            text = self.string(auth, key, where, required=False, max_length=1024)
+            try:
+                if text is not None:
+                    rendered[key] = render(text, {"secrets": secrets}, missing=_AUTH_MISSING).strip()
+            except RenderProblem as exc:
+                self.error(f"{where}.{key}", str(exc))
         password = auth.get("password")
         if isinstance(password, str) and password.strip() and not re.fullmatch(r"\s*<%\s*\$secrets\.[^%]+%>\s*", password):
             # Never quoted: this may be the password itself.
             self.error(f"{where}.password", "expected a reference to a secret, like <% $secrets.registry_password %>, "
                                             "so that the password is never stored or shown")
+        return rendered
 
     def defaults(self, value: dict) -> dict[str, Any]:
         defaults = self.mapping(value, "defaults", "") or {}
@@ -542,14 +556,12 @@ def default_shm_mb(memory_mb: int) -> int:
 
 
 def _image_of(item: dict) -> tuple[str, dict[str, str] | None]:
-    """A dockerimage prerequisite's uri, and its auth with the password
-    kept as a secret reference (v2_text.secret_ref)."""
+    """A dockerimage prerequisite's uri, and its auth as `V2Validator.auth`
+    rendered it (secrets as references, v2_text.secret_ref)."""
     auth = item.get("auth") if isinstance(item.get("auth"), dict) else None
     if auth:
-        password = str(auth.get("password") or "").strip()
-        ref = re.sub(r"^<%\s*\$secrets(\.[^%\s]+)\s*%>$", lambda m: secret_ref(m.group(1)), password)
-        auth = {"registry": str(auth.get("registryuri") or ""), "username": str(auth.get("username") or ""),
-                "password": ref}
+        auth = {"registry": auth.get("registryuri", ""), "username": auth.get("username", ""),
+                "password": auth.get("password", "")}
     return item.get("uri"), auth  # type: ignore[return-value]
 
 

@@ -152,3 +152,22 @@ def test_the_node_pulls_with_the_secrets_the_auth_names():
 ])
 def test_it_names_an_auth_reference_to_nothing(auth, words):
     assert any(p.startswith(words) for p in problems(private_image(**auth))), problems(private_image(**auth))
+
+
+# ------------------------------------------------------------ runtime plugins
+
+
+@pytest.mark.parametrize("userssh", [{"type": "custom"}, {"type": "custom", "value": ""}])
+def test_an_ssh_plugins_userssh_without_a_value_is_skipped_with_a_warning(userssh):
+    from jobs.spec.v2 import plugin_ssh_keys
+
+    plugin = {"plugin": "ssh", "parameters": {"jobssh": True, "userssh": userssh}}
+    parsed = parse(minimal(extras={"com.microsoft.pai.runtimeplugin": [plugin]}))
+    assert plugin_ssh_keys(parsed.spec.extras) == []
+    assert [w.path for w in parsed.warnings] == ["extras.com.microsoft.pai.runtimeplugin[0].parameters.userssh"]
+
+
+def test_an_ssh_plugins_userssh_that_is_not_a_key_is_still_refused():
+    plugin = {"plugin": "ssh", "parameters": {"userssh": {"type": "custom", "value": "not a key"}}}
+    assert any(p.startswith("extras.com.microsoft.pai.runtimeplugin[0].parameters.userssh.value: expected OpenSSH")
+               for p in problems(minimal(extras={"com.microsoft.pai.runtimeplugin": [plugin]})))

@@ -519,6 +519,12 @@ class V2Validator(_Validator):
             self.error(f"{where}.userssh", 'expected {type: custom, value: "<an OpenSSH public key>"}')
             return
         value = userssh.get("value")
+        if value is None or (isinstance(value, str) and not value.strip()):
+            # OpenPAI's ssh plugin (kube-runtime plugins/ssh/init.py) skips a
+            # userssh without a value instead of failing the job.
+            self.warn(f"{where}.userssh", "has no value, so no key of it is authorized; "
+                                          'give value: "<an OpenSSH public key>"')
+            return
         keys = value.strip().splitlines() if isinstance(value, str) else []
         if not keys or not all(PUBLIC_KEY_RE.fullmatch(key.strip()) for key in keys):
             self.error(f"{where}.userssh.value", "expected OpenSSH public keys, one per line, like "

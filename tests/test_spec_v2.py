@@ -198,8 +198,8 @@ defaults: {deployment: prod}
      'prerequisites[1].name: duplicate dockerimage prerequisite "img"'),
     ({"prerequisites": [{"name": "img", "type": "dockerimage", "uri": "a", "plugin": "cmd"}]},
      "runtime-plugin prerequisites"),
-    ({"deployments": [{"name": "d", "taskRoles": {"ghost": {"preCommands": ["x"]}}}]},
-     'deployments[0].taskRoles.ghost: task role "ghost" is not in taskRoles'),
+    ({"deployments": [{"name": "d", "taskRoles": {"gh-ost": {"preCommands": ["x"]}}}]},
+     "deployments[0].taskRoles.gh-ost: a task role's name is letters, digits and _"),
     ({"deployments": [{"name": "d", "taskRoles": {"main": {"setup": ["x"]}}}]},
      'deployments[0].taskRoles.main.setup: unknown field "setup"'),
 ])

@@ -171,3 +171,17 @@ def test_an_ssh_plugins_userssh_that_is_not_a_key_is_still_refused():
     plugin = {"plugin": "ssh", "parameters": {"userssh": {"type": "custom", "value": "not a key"}}}
     assert any(p.startswith("extras.com.microsoft.pai.runtimeplugin[0].parameters.userssh.value: expected OpenSSH")
                for p in problems(minimal(extras={"com.microsoft.pai.runtimeplugin": [plugin]})))
+
+
+# --------------------------------------------------------------- deployments
+
+
+def test_a_deployment_for_a_task_role_the_job_has_not_is_warned_and_unused():
+    config = minimal(deployments=[{"name": "prod", "taskRoles": {"main": {"preCommands": ["echo pre"]},
+                                                                "gone": {"preCommands": ["echo never"]}}}],
+                     defaults={"deployment": "prod"})
+    parsed = parse(config)
+    assert parsed.spec.role("main").command == "echo pre && echo hi"
+    [warning] = parsed.warnings
+    assert (warning.path, warning.message) == (
+        "deployments[0].taskRoles.gone", 'task role "gone" is not in taskRoles, so these commands are not used')

@@ -293,8 +293,13 @@ class V2Validator(_Validator):
         roles = self.mapping(item, "taskRoles", path, required=True)
         for role, hooks in (roles or {}).items():
             where = f"{path}.taskRoles.{role}"
-            if not isinstance(task_roles, dict) or role not in task_roles:
-                self.error(where, f'task role "{role}" is not in taskRoles')
+            if not IDENT_RE.fullmatch(role):
+                self.error(where, "a task role's name is letters, digits and _, not starting with a digit "
+                                  "(pattern ^[a-zA-Z_][a-zA-Z0-9_]*$)")
+            elif isinstance(task_roles, dict) and role not in task_roles:
+                # OpenPAI takes it and uses a deployment's entries for the
+                # task roles the job has only (middlewares/v2/protocol.js).
+                self.warn(where, f'task role "{role}" is not in taskRoles, so these commands are not used')
             if not isinstance(hooks, dict):
                 self.error(where, f"expected a mapping with preCommands and postCommands, got {_describe(hooks)}")
                 continue

@@ -185,3 +185,20 @@ def test_a_deployment_for_a_task_role_the_job_has_not_is_warned_and_unused():
     [warning] = parsed.warnings
     assert (warning.path, warning.message) == (
         "deployments[0].taskRoles.gone", 'task role "gone" is not in taskRoles, so these commands are not used')
+
+
+# ------------------------------------------------------------- hivedScheduler
+
+
+def test_a_hived_sku_for_a_task_role_the_job_has_not_is_refused():
+    config = minimal(extras={"hivedScheduler": {"taskRoles": {"mian": {"skuType": "V100"}}}})
+    assert problems(config)[0].startswith(
+        'extras.hivedScheduler.taskRoles.mian: task role "mian" is not in taskRoles; task roles: main')
+
+
+def test_a_hived_sku_of_the_jobs_task_role_is_its_gpu_type_and_the_priority_class_is_warned():
+    config = minimal(extras={"hivedScheduler": {"jobPriorityClass": "prod",
+                                                "taskRoles": {"main": {"skuNum": 1, "skuType": "K80"}}}})
+    parsed = parse(config)
+    assert parsed.spec.gpu_type == "K80"
+    assert [w.path for w in parsed.warnings] == ["extras.hivedScheduler.jobPriorityClass"]

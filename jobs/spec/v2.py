@@ -497,7 +497,28 @@ class V2Validator(_Validator):
         if upload is not None and not isinstance(upload, bool):
             self.error("extras.uploadOutputs", f"expected true or false, got {_describe(upload)}")
         self.runtime_plugins(extras.get("com.microsoft.pai.runtimeplugin"))
+        self.hived_scheduler(extras.get("hivedScheduler"), value.get("taskRoles"))
         return extras, self.gpu_type(extras)
+
+    def hived_scheduler(self, hived: Any, task_roles: Any) -> None:
+        """What OpenPAI's hived scheduler refuses (rest-server
+        middlewares/v2/hived.js) that would mean something here: its per-role
+        skuType becomes the job's GPU type, so it must name a task role."""
+        where = "extras.hivedScheduler"
+        if hived is None:
+            return
+        if not isinstance(hived, dict):
+            self.error(where, f"expected a mapping with taskRoles, got {_describe(hived)}")
+            return
+        if "jobPriorityClass" in hived:
+            self.warn(f"{where}.jobPriorityClass", "jobs here have no priority classes; ignored")
+        roles = hived.get("taskRoles")
+        if not isinstance(roles, dict) or not isinstance(task_roles, dict):
+            return
+        for role in roles:
+            if role not in task_roles:
+                known = ", ".join(task_roles) or "none"
+                self.error(f"{where}.taskRoles.{role}", f'task role "{role}" is not in taskRoles; task roles: {known}')
 
     def runtime_plugins(self, plugins: Any) -> None:
         where = "extras.com.microsoft.pai.runtimeplugin"

@@ -202,3 +202,12 @@ def test_a_hived_sku_of_the_jobs_task_role_is_its_gpu_type_and_the_priority_clas
     parsed = parse(config)
     assert parsed.spec.gpu_type == "K80"
     assert [w.path for w in parsed.warnings] == ["extras.hivedScheduler.jobPriorityClass"]
+
+
+def test_a_runtime_plugin_not_available_here_is_named_in_its_warning():
+    plugin = {"plugin": "teamwise_storage", "parameters": {"storageConfigNames": ["confignfs"]}}
+    [warning] = parse(minimal(extras={"com.microsoft.pai.runtimeplugin": [plugin]})).warnings
+    assert (warning.path, warning.message) == (
+        "extras.com.microsoft.pai.runtimeplugin[0]",
+        'the runtime plugin "teamwise_storage" is not available here and is ignored (of OpenPAI\'s plugins, '
+        'only "ssh" is)')

@@ -531,9 +531,11 @@ class V2Validator(_Validator):
             name = plugin.get("plugin") if isinstance(plugin, dict) else None
             if name == "ssh":
                 self.userssh(plugin.get("parameters"), f"{where}[{index}].parameters")
+            elif isinstance(name, str):
+                self.warn(f"{where}[{index}]", f'the runtime plugin "{name}" is not available here and is ignored '
+                                               '(of OpenPAI\'s plugins, only "ssh" is)')
             else:
-                self.warn(f"{where}[{index}]", f"the runtime plugin {_describe(name)} is not available here; "
-                                               "every task gets SSH with the job's key and your Profile's keys")
+                self.warn(f"{where}[{index}]", "expected {plugin: <name>, parameters: ...}; ignored")
 
     def userssh(self, parameters: Any, where: str) -> None:
         """The ssh plugin's `userssh: {type: custom, value: <public key>}`:

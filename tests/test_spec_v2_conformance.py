@@ -137,8 +137,14 @@ def test_the_node_pulls_with_the_secrets_the_auth_names():
                                  registryuri="registry.example.org"))
     ctx = SimpleNamespace(spec=parsed.spec, me=SimpleNamespace(role="main"),
                           job=SimpleNamespace(secrets_sealed=keys.seal_secrets(parsed.secrets)))
-    assert config_registry_auth(ctx) == RegistryAuth(registry="registry.example.org", username="robot-user",
-                                                     password="registry-pass-5150")
+    auth = config_registry_auth(ctx)
+    assert auth == RegistryAuth(registry="registry.example.org", username="robot-user",
+                                password="registry-pass-5150", hidden=("robot-user",))
+    # A username from a secret is kept out of the pull's messages like the password.
+    from jobs.node.launcher.docker import _scrub
+
+    message = "pull access denied for robot-user with registry-pass-5150 at registry.example.org"
+    assert _scrub(message, auth) == "pull access denied for ******** with ******** at registry.example.org"
 
 
 @pytest.mark.parametrize("auth, words", [

@@ -114,9 +114,12 @@ def config_registry_auth(ctx: LaunchContext) -> launcher.RegistryAuth | None:
     if not auth or ctx.spec.auth_file:
         return None
     secrets = keys.open_secrets(ctx.job.secrets_sealed)
-    registry, username, password = (resolve_secrets(auth.get(key, ""), secrets)
-                                    for key in ("registry", "username", "password"))
-    return launcher.RegistryAuth(registry=registry, username=username, password=password)
+    given = {key: auth.get(key, "") for key in ("registry", "username", "password")}
+    resolved = {key: resolve_secrets(value, secrets) for key, value in given.items()}
+    # A username or address that named a secret is as secret as the password.
+    hidden = tuple(resolved[key] for key in ("registry", "username") if resolved[key] != given[key])
+    return launcher.RegistryAuth(registry=resolved["registry"], username=resolved["username"],
+                                 password=resolved["password"], hidden=hidden)
 
 
 def authorized_keys(job: Job) -> str:

@@ -63,6 +63,9 @@ class RegistryAuth:
     registry: str
     username: str
     password: str
+    # Other values that came from a job's secrets (a username or registry
+    # address can name one), kept out of messages like the password.
+    hidden: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

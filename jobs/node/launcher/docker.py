@@ -52,8 +52,10 @@ def _docker_time(value: str | None) -> datetime | None:
 
 
 def _scrub(message: str, auth: RegistryAuth | None) -> str:
-    if auth and auth.password:
-        message = message.replace(auth.password, "********")
+    if auth:
+        for secret in (auth.password, *auth.hidden):
+            if secret:
+                message = message.replace(secret, "********")
     return message
 
 

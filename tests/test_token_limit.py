@@ -1,7 +1,8 @@
 """One user holds at most MAX_LIVE_TOKENS_PER_USER live API tokens: the next
 is refused through POST /api/v1/token (409 TooManyTokensError) and on the
 Profile page (a message, no token), while other users, expired and revoked
-tokens, and the tokens already held are unaffected.
+tokens, and the tokens already held are unaffected. Dead tokens kept are
+bounded too, so making and revoking in turn does not grow the table.
 
 Users: alice (at the limit), bob (another user); each test makes its own.
 """
@@ -82,3 +83,21 @@ def test_an_anonymous_client_makes_no_token(alice):
                            content_type="application/json").json()
     assert answer["code"] == "IncorrectPasswordError"  # the limit tells a stranger nothing
     assert not ApiToken.objects.filter(label="anon").exists()
+
+
+def test_making_and_revoking_tokens_in_turn_keeps_a_bounded_number_of_rows(alice):
+    # The live limit alone is no bound: a token revoked (or expired) at once
+    # frees its place, and was kept for KEEP_DEAD_TOKENS (30 days). The
+    # Profile page makes a token without a password, so a loop of make and
+    # revoke grew the table by a row per turn.
+    client = Client()
+    client.force_login(alice)
+    turns = 150
+    for turn in range(turns):
+        assert client.post(reverse("jobs:token_create"), {"label": f"turn {turn}", "days": 1}).status_code == 302
+        made = ApiToken.objects.filter(user=alice, revoked_at__isnull=True).get()
+        assert client.post(reverse("jobs:token_revoke", args=[made.pk])).status_code == 302
+    held = ApiToken.objects.filter(user=alice).count()
+    assert held <= tokens.MAX_DEAD_TOKENS_KEPT + 1 < turns, held
+    # The newest are the ones kept, for the owner's list.
+    assert ApiToken.objects.filter(user=alice, label=f"turn {turns - 1}").exists()

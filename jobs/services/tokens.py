@@ -11,7 +11,7 @@ import copy
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Q
@@ -36,6 +36,11 @@ KEEP_DEAD_TOKENS = timedelta(days=30)
 # scripts and laptops, low enough that one account cannot grow the table
 # (and the profile page) without bound.
 MAX_LIVE_TOKENS_PER_USER = 500
+# Expired or revoked tokens one user keeps (the newest), whatever their age:
+# a token revoked or expired at once frees its live place, so without this
+# a loop of make and revoke grew the table by a row per turn for
+# KEEP_DEAD_TOKENS. The owner's list shows at most 200 tokens anyway.
+MAX_DEAD_TOKENS_KEPT = 100
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,18 @@ def token_create(*, user: User, lifetime: timedelta, label: str = "") -> NewToke
         )
     long_dead = now - KEEP_DEAD_TOKENS
     ApiToken.objects.filter(Q(expires_at__lt=long_dead) | Q(revoked_at__lt=long_dead), user=user).delete()
+    _drop_dead_past_kept(user, now)
     return NewToken(token=token, key=key)
+
+
+def _drop_dead_past_kept(user: User, now: datetime) -> None:
+    """Drop `user`'s dead tokens but the newest MAX_DEAD_TOKENS_KEPT. Making
+    a token is the only way a row is added, so a user's rows stay under the
+    live limit plus this."""
+    dead = ApiToken.objects.filter(Q(revoked_at__isnull=False) | Q(expires_at__lte=now), user=user)
+    cutoff = list(dead.order_by("-id").values_list("id", flat=True)[MAX_DEAD_TOKENS_KEPT:MAX_DEAD_TOKENS_KEPT + 1])
+    if cutoff:
+        dead.filter(id__lte=cutoff[0]).delete()
 
 
 def token_revoke(*, token: ApiToken) -> bool:

@@ -734,3 +734,37 @@ def test_a_real_jobs_running_and_succeeded_reach_the_receiver_signed(cluster, re
     assert sent[State.SUCCEEDED]["exitReason"] == "all tasks succeeded"
     wait_for(lambda: NotificationDelivery.objects.filter(user=alice, job=job, status=Status.DELIVERED).count() == 2,
              what="both deliveries recorded as delivered")
+
+
+def test_a_delivery_held_behind_a_receiver_that_stays_down_ends_when_its_own_tries_would_have(
+        drain, receiver, alice, settings):
+    # Held deliveries wait, untried, behind the one that failed; while they
+    # wait they are RETRYING, which the pruning of a user's old deliveries
+    # keeps. With a receiver that stays down, each waited behind all those
+    # before it (one whole retry schedule each), so a user's rows grew with
+    # every event for as long as the receiver stayed down. A delivery now
+    # ends (FAILED) once it has waited as long as its own tries would have
+    # lasted, as it would have, had it been tried.
+    settings.WEBHOOK_TIMEOUT_SECONDS = 0.5
+    settings.WEBHOOK_RETRY_SECONDS = [0.5]
+    down = receiver(statuses=(500,) * 1000)
+    notifications.webhook_set(user=alice, url=down.url, secret=SECRET)
+    for _ in range(10):
+        services.job_stop(job=waiting_job(alice), by=alice)
+    # Before, each took a schedule (about 2 s here) after the one before it:
+    # 20 s for the last. Now all end within about one budget (3.5 s here).
+    budget = notifications.held_delivery_budget().total_seconds()
+    deadline = time.monotonic() + budget + 10
+    drain()  # the events: a delivery each, the first tried, the others held
+    going = NotificationDelivery.objects.filter(user=alice, status__in=(Status.PENDING, Status.SENDING,
+                                                                         Status.RETRYING))
+    assert going.count() == 10
+    while going.exists() and time.monotonic() < deadline:
+        queues.enqueue_due_notifications()
+        drain()
+        time.sleep(0.1)
+    assert not going.exists(), list(going.values_list("id", "status", "tries", "result"))
+    given_up = NotificationDelivery.objects.filter(user=alice, status=Status.FAILED, tries=0)
+    assert given_up.exists() and all("gave up" in result for result in given_up.values_list("result", flat=True))
+    # Most were given up untried: far fewer requests than a delivery's two tries each.
+    assert len(down.requests) < 10 * 2

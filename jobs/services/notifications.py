@@ -291,18 +291,31 @@ def delivery_try(delivery_id: int) -> str | None:
 # try (on whichever node's thread) comes first; and while that try is under
 # way they wait for it too. A held delivery keeps its tries; it is tried for
 # real once no failed delivery is waiting before it (the receiver answered,
-# or the failed one gave up).
+# or the failed one gave up). One that has waited as long as its own tries
+# would have lasted is given up untried: with a receiver that stays down,
+# each held delivery would otherwise wait behind every one before it, a
+# whole retry schedule each, and waiting (RETRYING) rows are never pruned
+# (_prune), so a user's rows grew with every event.
 
 _NOT_HELD = "not held"
 HOLD_MARGIN_SECONDS = 1.0
 
 
+def held_delivery_budget() -> timedelta:
+    """How long a delivery may wait held: its own tries' waits and lengths,
+    had it been tried at once and failed each time."""
+    waits = settings.WEBHOOK_RETRY_SECONDS
+    try_length = settings.WEBHOOK_TIMEOUT_SECONDS + HOLD_MARGIN_SECONDS
+    return timedelta(seconds=sum(waits) + (len(waits) + 1) * try_length)
+
+
 def _hold_behind_failure(delivery_id: int) -> str | None:
     """RETRYING if the delivery now waits behind a failed one to the same
-    receiver, None if it was not waiting for a try, else _NOT_HELD."""
+    receiver (FAILED if it has waited longer than held_delivery_budget()),
+    None if it was not waiting for a try, else _NOT_HELD."""
     delivery = (NotificationDelivery.objects.filter(pk=delivery_id, channel=Channel.WEBHOOK,
                                                     status__in=(Status.PENDING, Status.RETRYING))
-                .values("user_id").first())
+                .values("user_id", "created_at").first())
     url = delivery and NotificationSettings.objects.filter(user_id=delivery["user_id"]).values_list(
         "webhook_url", flat=True).first()
     if not url:
@@ -325,6 +338,12 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
         first_wait = settings.WEBHOOK_RETRY_SECONDS[0] if settings.WEBHOOK_RETRY_SECONDS else 0
         due = now + max(try_length, timedelta(seconds=first_wait))
         why = f"delivery {retrying['id']}, which this webhook did not take before, is being tried again"
+    if now - delivery["created_at"] > held_delivery_budget():
+        waiting = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
+        gave_up = waiting.update(
+            status=Status.FAILED, next_try_at=None,
+            result=f"gave up untried after waiting as long as its own tries would have taken: {why}"[:2000])
+        return Status.FAILED if gave_up else None
     held = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING)).update(
         status=Status.RETRYING, target=url, next_try_at=due, result=f"not tried yet: {why}; tried after it"[:2000])
     if not held:

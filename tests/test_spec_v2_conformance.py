@@ -133,18 +133,19 @@ def test_the_node_pulls_with_the_secrets_the_auth_names():
     from jobs.node.launcher import RegistryAuth
     from jobs.node.runner import config_registry_auth
 
-    parsed = parse(private_image(username="<% $secrets.user %>", password="<% $secrets.pw %>",
+    parsed = parse(private_image(username="team-<% $secrets.user %>", password="<% $secrets.pw %>",
                                  registryuri="registry.example.org"))
     ctx = SimpleNamespace(spec=parsed.spec, me=SimpleNamespace(role="main"),
                           job=SimpleNamespace(secrets_sealed=keys.seal_secrets(parsed.secrets)))
     auth = config_registry_auth(ctx)
-    assert auth == RegistryAuth(registry="registry.example.org", username="robot-user",
-                                password="registry-pass-5150", hidden=("robot-user",))
-    # A username from a secret is kept out of the pull's messages like the password.
+    assert (auth.registry, auth.username, auth.password) == (
+        "registry.example.org", "team-robot-user", "registry-pass-5150")
+    # Every secret of the job, the one inside the username too, is kept out of the pull's messages.
     from jobs.node.launcher.docker import _scrub
 
-    message = "pull access denied for robot-user with registry-pass-5150 at registry.example.org"
-    assert _scrub(message, auth) == "pull access denied for ******** with ******** at registry.example.org"
+    message = "pull access denied for team-robot-user with registry-pass-5150 at registry.example.org"
+    # (private_image's secrets hold the registry's name too, so it goes as well.)
+    assert _scrub(message, auth) == "pull access denied for team-******** with ******** at ********"
 
 
 @pytest.mark.parametrize("auth, words", [

@@ -114,12 +114,13 @@ def config_registry_auth(ctx: LaunchContext) -> launcher.RegistryAuth | None:
     if not auth or ctx.spec.auth_file:
         return None
     secrets = keys.open_secrets(ctx.job.secrets_sealed)
-    given = {key: auth.get(key, "") for key in ("registry", "username", "password")}
-    resolved = {key: resolve_secrets(value, secrets) for key, value in given.items()}
-    # A username or address that named a secret is as secret as the password.
-    hidden = tuple(resolved[key] for key in ("registry", "username") if resolved[key] != given[key])
-    return launcher.RegistryAuth(registry=resolved["registry"], username=resolved["username"],
-                                 password=resolved["password"], hidden=hidden)
+    registry, username, password = (resolve_secrets(auth.get(key, ""), secrets)
+                                    for key in ("registry", "username", "password"))
+    # A username or address may hold a secret, whole or in part: every
+    # secret of the job is kept out of the pull's messages, longest first
+    # so that one inside another is not half shown.
+    hidden = tuple(sorted({str(value) for value in secrets.values() if value}, key=len, reverse=True))
+    return launcher.RegistryAuth(registry=registry, username=username, password=password, hidden=hidden)
 
 
 def authorized_keys(job: Job) -> str:

@@ -63,8 +63,8 @@ class RegistryAuth:
     registry: str
     username: str
     password: str
-    # Other values that came from a job's secrets (a username or registry
-    # address can name one), kept out of messages like the password.
+    # A job's secrets (a username or registry address can hold one, whole or
+    # in part), kept out of messages like the password.
     hidden: tuple[str, ...] = ()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,6 +56,41 @@ def page(browser, cluster) -> Iterator[object]:
         yield context.new_page()
     finally:
         context.close()
+
+
+@pytest.fixture(scope="session")
+def portal_in_process() -> Iterator[str]:
+    """The portal served from this process on 127.0.0.1 (Django's threaded
+    WSGI server, static files from the source tree), for pages that need no
+    node agent or Docker: jobs made as rows (tests/test_pages.py) are enough
+    to look at their layout. Its base URL."""
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+    from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+    from django.core.wsgi import get_wsgi_application
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadedWSGIServer(("127.0.0.1", 0), QuietHandler)
+    server.set_app(StaticFilesHandler(get_wsgi_application()))
+    thread = threading.Thread(target=server.serve_forever, name="portal-in-process", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def page_alone(browser, base_url: str, *, width: int = 1280) -> object:
+    """A fresh browser page (no cookies) at `width` px in New York's time
+    zone; close it with page.context.close()."""
+    context = browser.new_context(base_url=base_url, viewport={"width": width, "height": 900},
+                                  timezone_id="America/New_York", locale="en-US")
+    context.set_default_timeout(15_000)
+    return context.new_page()
 
 
 def login(page, user) -> None:

@@ -19,7 +19,7 @@ from django.conf import settings
 
 from tests import services as test_services
 from tests.cluster import Cluster, remove_test_containers
-from tests.browser import browser, page  # noqa: F401  (fixtures)
+from tests.browser import browser, page, portal_in_process  # noqa: F401  (fixtures)
 from tests.helpers import hashed_password
 from tests import settings as test_settings
 from tests.settings import TEST_VAR

@@ -1,0 +1,61 @@
+"""The pages' layout in a real browser (Debian's Chromium), with the portal
+served from the test process: jobs are rows made the way
+tests/test_pages.py makes them, so no Docker or node agent is needed.
+
+What a page must survive: job names with nothing to wrap at, a phone's
+390 px, and times a reader in another zone cannot misread.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.models import State
+from tests.browser import login, page_alone, screenshot
+from tests.test_pages import ended_job, task_attempt, waiting_job
+
+pytestmark = pytest.mark.browser
+PHONE = 390
+LONG_NAME = "sweep_" + "lr0001" * 16  # 102 characters and not one space
+
+# How far the whole page scrolls sideways (0: not at all).
+PAGE_OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+@pytest.fixture
+def phone(browser, portal_in_process, alice):
+    page = page_alone(browser, portal_in_process, width=PHONE)
+    login(page, alice)
+    yield page
+    page.context.close()
+
+
+@pytest.fixture
+def desktop(browser, portal_in_process, alice):
+    page = page_alone(browser, portal_in_process)
+    login(page, alice)
+    yield page
+    page.context.close()
+
+
+def test_a_long_job_name_wraps_instead_of_widening_its_pages(phone, desktop, alice):
+    job = waiting_job(alice, LONG_NAME)
+    for page in (phone, desktop):
+        for path in (f"/jobs/{job.pk}/", f"/jobs/{job.pk}/stop/"):
+            page.goto(path)
+            assert page.evaluate(PAGE_OVERFLOW) == 0, (path, page.viewport_size)
+        page.goto(f"/jobs/{job.pk}/")
+        page.locator("#stop-button").click()
+        dialog = page.get_by_role("dialog")
+        assert dialog.evaluate("d => d.scrollWidth - d.clientWidth") == 0  # its title, all of it, inside
+    screenshot(phone, "layout-long-name-phone")
+
+
+def test_a_long_job_name_leaves_the_other_columns_of_the_list_in_view(desktop, alice):
+    ended_job(alice, LONG_NAME)
+    desktop.goto("/")
+    row = desktop.locator("tr", has=desktop.get_by_role("link", name=LONG_NAME))
+    table = desktop.locator(".table-wrap").first.bounding_box()
+    gpus = row.locator("td").last.bounding_box()
+    assert gpus["x"] + gpus["width"] <= table["x"] + table["width"]
+    screenshot(desktop, "layout-long-name-list")

@@ -221,10 +221,10 @@ def test_the_cluster_pages_and_a_narrow_screen(browser, cluster, admin_user, ali
         screenshot(phone, "narrow-list")
         phone.goto(f"/jobs/{job.pk}/")
         expect(phone.locator("[data-log-lines]")).to_contain_text("small screens")
-        # Times are shown in the reader's zone (this browser is in New York), UTC in the tooltip.
+        # Times are shown in the reader's zone, named (this browser is in New York), UTC in the tooltip.
         submitted = phone.get_by_role("definition").filter(has=phone.locator("time")).first.locator("time")
         local = job.submitted_at.astimezone(ZoneInfo("America/New_York"))
-        expect(submitted).to_have_text(local.strftime("%b %-d, %Y, %I:%M:%S %p"))
+        expect(submitted).to_have_text(local.strftime("%b %-d, %Y, %I:%M:%S %p %Z"))
         expect(submitted).to_have_attribute("title", job.submitted_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
         screenshot(phone, "narrow-job")
     finally:

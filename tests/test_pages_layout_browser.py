@@ -8,7 +8,10 @@ What a page must survive: job names with nothing to wrap at, a phone's
 
 from __future__ import annotations
 
+from zoneinfo import ZoneInfo
+
 import pytest
+from playwright.sync_api import expect
 
 from jobs.models import State
 from tests.browser import login, page_alone, screenshot
@@ -59,3 +62,19 @@ def test_a_long_job_name_leaves_the_other_columns_of_the_list_in_view(desktop, a
     gpus = row.locator("td").last.bounding_box()
     assert gpus["x"] + gpus["width"] <= table["x"] + table["width"]
     screenshot(desktop, "layout-long-name-list")
+
+
+def test_every_time_names_its_zone(desktop, alice):
+    """The browser is in New York: a bare "05:47 AM" would read as the
+    reader's own zone, or the server's, or UTC."""
+    job = ended_job(alice, "zoned_times")
+    task_attempt(job)
+    desktop.goto(f"/jobs/{job.pk}/")
+    local = job.submitted_at.astimezone(ZoneInfo("America/New_York"))
+    zone = local.strftime("%Z")  # EST or EDT
+    submitted = desktop.get_by_role("definition").filter(has=desktop.locator("time")).first.locator("time")
+    expect(submitted).to_have_text(local.strftime(f"%b %-d, %Y, %I:%M:%S %p {zone}"))
+    started = job.started_at.astimezone(local.tzinfo)
+    expect(desktop.locator("table.tasks time").first).to_have_text(started.strftime(f"%b %-d, %I:%M:%S %p {zone}"))
+    desktop.goto("/")
+    expect(desktop.locator(f"tr[data-job-id='{job.pk}'] time")).to_have_text(local.strftime(f"%b %-d, %I:%M %p {zone}"))

@@ -5,9 +5,10 @@
   var root = document.documentElement;
   root.classList.add("js");
 
-  var LONG = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" };
-  var SHORT = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" };
-  var SHORT_SECONDS = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" };
+  // Each carries its zone's short name ("EST", "GMT+2"): a bare "05:47 AM" could be any zone's.
+  var LONG = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" };
+  var SHORT = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", timeZoneName: "short" };
+  var SHORT_SECONDS = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" };
 
   // <time datetime="..."> in the reader's own time zone; the server's text
   // (UTC) stays as the tooltip.

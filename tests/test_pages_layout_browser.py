@@ -78,3 +78,15 @@ def test_every_time_names_its_zone(desktop, alice):
     expect(desktop.locator("table.tasks time").first).to_have_text(started.strftime(f"%b %-d, %I:%M:%S %p {zone}"))
     desktop.goto("/")
     expect(desktop.locator(f"tr[data-job-id='{job.pk}'] time")).to_have_text(local.strftime(f"%b %-d, %I:%M %p {zone}"))
+
+
+def test_the_usage_panel_stands_apart_from_the_tasks_table(desktop, alice):
+    job = ended_job(alice, "usage_gap")
+    task_attempt(job)
+    desktop.goto(f"/jobs/{job.pk}/")
+    tasks = desktop.locator("#tasks").bounding_box()
+    usage = desktop.locator("#usage").bounding_box()
+    assert usage["y"] - (tasks["y"] + tasks["height"]) >= 16
+    # The virtual clusters' usage lists keep their own layout.
+    desktop.goto("/virtual-clusters/")
+    assert desktop.locator("dl.usage").first.evaluate("el => getComputedStyle(el).display") == "grid"

@@ -90,3 +90,14 @@ def test_the_usage_panel_stands_apart_from_the_tasks_table(desktop, alice):
     # The virtual clusters' usage lists keep their own layout.
     desktop.goto("/virtual-clusters/")
     assert desktop.locator("dl.usage").first.evaluate("el => getComputedStyle(el).display") == "grid"
+
+
+def test_a_panels_heading_sits_as_high_in_every_panel(desktop, alice):
+    job = ended_job(alice, "panel_headings")
+    desktop.goto(f"/jobs/{job.pk}/")
+
+    def heading_gap(panel: str) -> float:
+        return desktop.locator(panel).evaluate(
+            "p => p.querySelector('h2').getBoundingClientRect().top - p.getBoundingClientRect().top")
+
+    assert heading_gap("#tags") == heading_gap(".job-folders") == heading_gap("#usage")

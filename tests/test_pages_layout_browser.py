@@ -101,3 +101,12 @@ def test_a_panels_heading_sits_as_high_in_every_panel(desktop, alice):
             "p => p.querySelector('h2').getBoundingClientRect().top - p.getBoundingClientRect().top")
 
     assert heading_gap("#tags") == heading_gap(".job-folders") == heading_gap("#usage")
+
+
+def test_the_add_tag_button_is_one_line_as_tall_as_its_field(phone, desktop, alice):
+    job = ended_job(alice, "tag_button")
+    for page in (phone, desktop):
+        page.goto(f"/jobs/{job.pk}/")
+        button = page.get_by_role("button", name="Add tag").bounding_box()
+        field = page.get_by_label("New tag").bounding_box()
+        assert button["height"] <= field["height"], page.viewport_size

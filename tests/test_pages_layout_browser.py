@@ -13,7 +13,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from playwright.sync_api import expect
 
-from jobs.models import State
+from jobs.models import State, TaskState
+from jobs.services import access
 from tests.browser import login, page_alone, screenshot
 from tests.test_pages import ended_job, task_attempt, waiting_job
 
@@ -110,3 +111,21 @@ def test_the_add_tag_button_is_one_line_as_tall_as_its_field(phone, desktop, ali
         button = page.get_by_role("button", name="Add tag").bounding_box()
         field = page.get_by_label("New tag").bounding_box()
         assert button["height"] <= field["height"], page.viewport_size
+
+
+def test_a_running_tasks_ssh_terminal_and_jupyter_fit_a_phones_screen(phone, alice):
+    """The tasks table scrolls sideways on a phone; the line under a task
+    with its SSH command and buttons must not run off with it."""
+    job = ended_job(alice, "notebook_with_a_name_long_enough_to_make_the_key_file_long", State.RUNNING,
+                    finished_at=None, exit_type="")
+    access.ensure_job_key_pair(job)
+    task_attempt(job, state=TaskState.RUNNING, finished_at=None, exit_code=None, exit_type="",
+                 ports={"ssh": [20002], "jupyter": [20001]}, ssh_available=True)
+    phone.goto(f"/jobs/{job.pk}/")
+    screen = phone.locator("#tasks .table-wrap").bounding_box()
+    for control in (phone.get_by_role("button", name="Copy the SSH command for main-0"),
+                    phone.get_by_role("link", name="Open terminal"), phone.get_by_role("link", name="Open Jupyter"),
+                    phone.get_by_role("button", name="Copy the Jupyter link of main-0"), phone.locator(".access-cmd")):
+        box = control.bounding_box()
+        assert box["x"] + box["width"] <= screen["x"] + screen["width"], control
+    screenshot(phone, "layout-task-access-phone")

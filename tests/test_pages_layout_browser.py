@@ -129,3 +129,12 @@ def test_a_running_tasks_ssh_terminal_and_jupyter_fit_a_phones_screen(phone, ali
         box = control.bounding_box()
         assert box["x"] + box["width"] <= screen["x"] + screen["width"], control
     screenshot(phone, "layout-task-access-phone")
+
+
+def test_the_api_help_endpoints_read_on_a_phone(phone):
+    phone.goto("/api-help/")
+    table = phone.locator("table.endpoints")
+    screen = table.locator("xpath=..").bounding_box()  # its scrolling .table-wrap
+    for what in table.locator("tbody td:nth-child(2)").all():
+        box = what.bounding_box()
+        assert box["x"] + box["width"] <= screen["x"] + screen["width"], what.inner_text()

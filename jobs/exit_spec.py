@@ -5,7 +5,8 @@ OpenPAI answers a job's status with an "exit spec" for its exit code
 and what to do), and its web portal shows it as the job's exit reason. This
 portal records how a job ended as an ExitType rather than as a table of
 platform codes, so the spec is keyed by that; `code` is the exit code the
-task itself gave, when it gave one. The job page shows the same advice.
+task itself gave, when it gave one. The job page shows the same advice,
+worded for the ended job it stands under (solution_on_job_page).
 
 Pure: a table and lookups, no database.
 """
@@ -37,6 +38,10 @@ class ExitSpec:
 
 
 _RETRY_OR_RESUBMIT = "With a retryCount above 0 the job is tried again by itself; otherwise submit it again."
+_READ_LOGS = "Read the failed task's stderr and stdout logs on the job page."
+_FIX_AND_RESUBMIT = "Fix the command or its input and submit the job again."
+_EXIT_MESSAGE = "The exit message says what failed."
+_REGISTRY_ANSWER = "The exit message gives the registry's answer."
 
 SPECS: dict[str, ExitSpec] = {
     ExitType.SUCCEEDED: ExitSpec(
@@ -45,8 +50,7 @@ SPECS: dict[str, ExitSpec] = {
     ExitType.USER_EXIT: ExitSpec(
         "CommandExitedNonZero", USER_FAILURE, "USER", "RUNNING", "UNKNOWN", "RETRY_TO_MAX",
         "A task's command exited with a non-zero code.",
-        ("Read the failed task's stderr and stdout logs on the job page.",
-         "Fix the command or its input and submit the job again.")),
+        (_READ_LOGS, _FIX_AND_RESUBMIT)),
     ExitType.OOM: ExitSpec(
         "ContainerOOMKilled", USER_FAILURE, "USER", "RUNNING", "PERMANENT", "RETRY_TO_MAX",
         "A task used more memory than its task role asks for and was killed.",
@@ -58,7 +62,7 @@ SPECS: dict[str, ExitSpec] = {
         "The node could not pull the task's Docker image.",
         ("Check the image's name and tag.",
          "For a private registry, check its credentials (authFile, or the dockerimage prerequisite's auth).",
-         "The exit message gives the registry's answer.")),
+         _REGISTRY_ANSWER)),
     ExitType.NODE_LOST: ExitSpec(
         "NodeLost", PLATFORM_FAILURE, "PLATFORM", "RUNNING", "TRANSIENT", "RETRY_TO_MAX",
         "The node running a task stopped answering.",
@@ -70,7 +74,7 @@ SPECS: dict[str, ExitSpec] = {
     ExitType.PLATFORM: ExitSpec(
         "PlatformError", PLATFORM_FAILURE, "PLATFORM", "LAUNCHING", "UNKNOWN", "RETRY_TO_MAX",
         "The portal or a node failed to start or follow a task.",
-        ("The exit message says what failed.", _RETRY_OR_RESUBMIT,
+        (_EXIT_MESSAGE, _RETRY_OR_RESUBMIT,
          "If it happens again, tell the cluster's admin.")),
     ExitType.USER_STOP: ExitSpec(
         "StoppedByUser", USER_STOP, "USER", "RUNNING", "PERMANENT", "NEVER_RETRY",
@@ -89,6 +93,37 @@ SPECS: dict[str, ExitSpec] = {
 def spec_for(exit_type: str) -> ExitSpec | None:
     """The spec of an ended job, attempt or task; None while it has not ended."""
     return SPECS.get(exit_type) if exit_type else None
+
+
+# The job page shows the steps under the ended job itself: its exit message
+# is just above them, its logs below, and a Clone button at the top.
+_ON_THE_JOB_PAGE = {
+    _READ_LOGS: "Read the failed task's stderr and stdout in Logs below.",
+    _FIX_AND_RESUBMIT: "Fix the command or its input, then Clone the job to submit it again.",
+    _EXIT_MESSAGE: "The message above says what failed.",
+    _REGISTRY_ANSWER: "The message above gives the registry's answer.",
+}
+
+
+def solution_on_job_page(exit_type: str, *, retries: int, retry_limit: int) -> tuple[str, ...]:
+    """`solution` worded for the page of the job that ended so. Its retries
+    are over by then, so "tried again by itself" becomes what happened to
+    this job, and what to do now."""
+    spec = spec_for(exit_type)
+    if spec is None:
+        return ()
+    retry = _retry_on_job_page(retries, retry_limit)
+    return tuple(retry if step == _RETRY_OR_RESUBMIT else _ON_THE_JOB_PAGE.get(step, step) for step in spec.solution)
+
+
+def _retry_on_job_page(retries: int, retry_limit: int) -> str:
+    if retries:
+        times = "once" if retries == 1 else f"{retries} times"
+        return f"It was already tried again {times}, as its retryCount allows; Clone the job to run it again."
+    if retry_limit:
+        return "Clone the job to run it again."
+    return ("Clone the job to run it again. With a retryCount above 0, the portal tries a job again by itself "
+            "after such a failure.")
 
 
 def as_openpai(exit_type: str, exit_code: int | None) -> dict[str, Any] | None:

@@ -139,3 +139,35 @@ def test_the_api_descriptions_have_no_dangling_references() -> None:
         described = module.description()
         named = set(re.findall(r'"#/components/schemas/(\w+)"', json.dumps(described)))
         assert named <= set(described["components"]["schemas"]), module.__name__
+
+
+def test_the_job_page_words_the_steps_for_the_job_it_shows(alice) -> None:
+    """The page is the ended job's: its exit message is above the steps, its
+    logs below them and Clone at the top, and its own retries are over."""
+    owner = Client()
+    owner.force_login(alice)
+
+    def steps(job) -> str:
+        html = owner.get(f"/jobs/{job.pk}/").content.decode()
+        return re.search(r'<div class="exit-solution">(.*?)</div>', html, re.DOTALL)[1]
+
+    failed = steps(ended_job(alice, "page_exit", State.FAILED, exit_type=ExitType.USER_EXIT, exit_code=1))
+    assert "stderr and stdout in Logs below" in failed and "Clone the job to submit it again" in failed
+    assert "on the job page" not in failed
+    lost = steps(ended_job(alice, "page_lost", State.FAILED, exit_type=ExitType.NODE_LOST))
+    assert "Clone the job to run it again. With a retryCount above 0" in lost
+    assert "the job is tried again by itself" not in lost  # not this one: it has ended
+    retried = steps(ended_job(alice, "page_lost_retried", State.FAILED, exit_type=ExitType.NODE_LOST, retry_limit=2,
+                              attempt_number=3))
+    assert "It was already tried again 2 times, as its retryCount allows; Clone the job to run it again." in retried
+    pulled = steps(ended_job(alice, "page_pull", State.FAILED, exit_type=ExitType.IMAGE_PULL, exit_reason="manifest unknown"))
+    assert "The message above gives the registry&#x27;s answer." in pulled
+
+
+def test_the_api_keeps_openpais_words_for_any_client() -> None:
+    spec = exit_spec.as_openpai(ExitType.NODE_LOST, None)
+    assert spec["solution"] == list(exit_spec.SPECS[ExitType.NODE_LOST].solution)
+    assert "With a retryCount above 0 the job is tried again by itself; otherwise submit it again." in spec["solution"]
+    assert exit_spec.solution_on_job_page("", retries=0, retry_limit=0) == ()
+    assert exit_spec.solution_on_job_page(ExitType.NODE_LOST, retries=1, retry_limit=3)[-1].startswith(
+        "It was already tried again once,")

@@ -26,6 +26,7 @@ from django.utils.safestring import mark_safe
 
 from jobs import exit_spec, formatting
 from jobs.formatting import duration_text
+from jobs.models import Job
 from jobs.services.listing import JobRow
 
 register = template.Library()
@@ -39,10 +40,9 @@ register.filter("short_id", formatting.short_id)
 
 
 @register.filter
-def exit_solution(exit_type: str) -> tuple[str, ...]:
-    """What the user can do about how a job ended (jobs/exit_spec.py)."""
-    spec = exit_spec.spec_for(exit_type)
-    return spec.solution if spec else ()
+def exit_solution(job: Job) -> tuple[str, ...]:
+    """What the user can do about how `job` ended (jobs/exit_spec.py)."""
+    return exit_spec.solution_on_job_page(job.exit_type, retries=job.retries, retry_limit=job.retry_limit)
 
 
 @register.simple_tag

@@ -249,6 +249,37 @@ def test_it_lists_each_tasks_node_ports_and_logs_with_web_ports_as_links(alice):
     assert 'href="/submit/?clone=' in html and f'href="/jobs/{job.pk}/stop/"' in html
 
 
+def test_the_log_viewer_opens_on_the_failed_task_where_it_says_why(alice):
+    """A worker that failed among tasks that did not: its stderr, where the
+    traceback is (its stdout if it wrote no stderr), not the first task's
+    stdout; a failed pull, the platform's note. The URL's choice (kept as the
+    reader moves) comes first."""
+    job = ended_job(alice, "failed_worker", State.FAILED, exit_type=ExitType.USER_EXIT, exit_code=1, total_tasks=2,
+                    config=config("failed_worker", role(tasks=2)))
+    Task.objects.create(job=job, role="main", index=1)
+    attempts = [TaskAttempt.objects.create(task=task, job_attempt=job.attempts.get(), job=job, number=1,
+                                           state=state, exit_code=code, exit_type=exit_type)
+                for task, (state, code, exit_type) in zip(job.tasks.order_by("index"), [
+                    (TaskState.SUCCEEDED, 0, ExitType.SUCCEEDED), (TaskState.FAILED, 1, ExitType.USER_EXIT)])]
+    client = client_for(alice)
+
+    def viewer(query: str = "") -> tuple[str, str]:
+        html = client.get(f"/jobs/{job.pk}/{query}").content.decode()
+        return re.search(r'data-stream="(\w+)" data-attempt="(\d*)"', html).groups()
+
+    assert viewer() == ("stdout", str(attempts[1].pk))
+    LogLine.objects.create(attempt=attempts[1], stream=Stream.STDERR, seq=0, text="ValueError: bad input")
+    assert viewer() == ("stderr", str(attempts[1].pk))
+    assert viewer(f"?log={attempts[0].pk}&stream=stdout") == ("stdout", str(attempts[0].pk))
+    assert viewer("?stream=platform") == ("platform", "")
+    Job.objects.filter(pk=job.pk).update(exit_type=ExitType.IMAGE_PULL, exit_code=None)
+    assert viewer() == ("platform", str(attempts[1].pk))
+    done = ended_job(alice, "fine_job")
+    task_attempt(done)
+    html = client.get(f"/jobs/{done.pk}/").content.decode()
+    assert 'data-stream="stdout" data-attempt=""' in html  # the first task's stdout
+
+
 def test_the_live_fragment_carries_each_changing_part(alice):
     job = waiting_job(alice, "live_parts")
     html = client_for(alice).get(f"/jobs/{job.pk}/live/").content.decode()

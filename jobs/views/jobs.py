@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from jobs import services
 from jobs.ids import parse_id
-from jobs.models import ImagePull, Job, JobAttempt, State, Stream, Task, TaskAttempt
+from jobs.models import ExitType, ImagePull, Job, JobAttempt, State, Stream, Task, TaskAttempt, TaskState
 from jobs.services import access, listing, pulls, tags, usage
 from jobs.services.storage_links import job_storage_links
 from jobs.spec import TaskRoleSpec, protocol_of
@@ -188,10 +188,27 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context["can_tag"] = job.owner_id == request.user.pk
     context["config_normalized"] = json.dumps(job.spec.to_config(), indent=2, ensure_ascii=False)
     context["streams"] = [(s.label, s.label) for s in Stream]
-    context["log_stream"] = request.GET.get("stream") if request.GET.get("stream") in Stream.labels else "stdout"
-    context["log_attempt"] = request.GET.get("log", "")
+    context["log_attempt"], context["log_stream"] = _log_start(request, job, context["role_tables"])
     context.update(_usage_context(job))
     return render(request, "jobs/detail.html", context)
+
+
+def _log_start(request: HttpRequest, job: Job, role_tables: list[RoleTable]) -> tuple[str, str]:
+    """The task attempt and stream the log viewer opens on: the URL's; for a
+    job that failed, its first failed task, on the stream that says why (the
+    platform's note of a failed pull or launch, a traceback on stderr if the
+    command wrote any); else the first task's stdout."""
+    attempt, stream = request.GET.get("log", ""), request.GET.get("stream")
+    if attempt or stream in Stream.labels:
+        return attempt, stream if stream in Stream.labels else "stdout"
+    failed = next((row.attempt for table in role_tables for row in table.rows
+                   if row.attempt and row.attempt.state == TaskState.FAILED), None)
+    if job.state != State.FAILED or failed is None:
+        return "", "stdout"
+    if job.exit_type in (ExitType.IMAGE_PULL, ExitType.PLATFORM):
+        return str(failed.pk), "platform"
+    wrote_stderr = job.exit_type == ExitType.USER_EXIT and failed.log_lines.filter(stream=Stream.STDERR).exists()
+    return str(failed.pk), "stderr" if wrote_stderr else "stdout"
 
 
 def _usage_context(job: Job) -> dict:

@@ -8,6 +8,7 @@ What a page must survive: job names with nothing to wrap at, a phone's
 
 from __future__ import annotations
 
+import re
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -138,3 +139,14 @@ def test_the_api_help_endpoints_read_on_a_phone(phone):
     for what in table.locator("tbody td:nth-child(2)").all():
         box = what.bounding_box()
         assert box["x"] + box["width"] <= screen["x"] + screen["width"], what.inner_text()
+
+
+def test_the_dashboard_names_no_busiest_zero_users(browser, portal_in_process, admin_user):
+    page = page_alone(browser, portal_in_process)
+    try:
+        login(page, admin_user)
+        page.goto("/dashboard/")
+        title = page.locator("[data-chart='gpus-user'] .u-title")
+        expect(title).to_have_text(re.compile(r"^GPUs in use by user( \(the busiest [1-9]\d*\))?$"))
+    finally:
+        page.context.close()

@@ -37,7 +37,8 @@
   gpus["GPUs in the cluster"] = data.times.map(function () { return data.gpusTotal; });
   chart("gpus-vc", "GPUs in use by virtual cluster", gpus);
   chart("gpus-free", "GPUs free by virtual cluster (of its share today)", data.gpusFreeByVc);
-  chart("gpus-user", "GPUs in use by user (the busiest " + Object.keys(data.gpusByUser).length + ")", data.gpusByUser);
+  var users = Object.keys(data.gpusByUser).length;
+  chart("gpus-user", "GPUs in use by user" + (users ? " (the busiest " + users + ")" : ""), data.gpusByUser);
   chart("running", "Jobs running by virtual cluster", data.runningByVc);
   chart("waiting", "Jobs waiting by virtual cluster", data.waitingByVc);
   chart("tasks", "Task containers running", { tasks: data.tasksRunning });

@@ -9,13 +9,16 @@ What a page must survive: job names with nothing to wrap at, a phone's
 from __future__ import annotations
 
 import re
+from datetime import timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.conf import settings
 from playwright.sync_api import expect
 
 from jobs.models import State, TaskState
-from jobs.services import access
+from jobs.services import access, tokens
 from tests.browser import login, page_alone, screenshot
 from tests.test_pages import ended_job, task_attempt, waiting_job
 
@@ -140,6 +143,18 @@ def test_the_api_help_endpoints_read_on_a_phone(phone):
         box = what.bounding_box()
         assert box["x"] + box["width"] <= screen["x"] + screen["width"], what.inner_text()
 
+
+def test_a_tables_hidden_column_label_does_not_widen_a_phones_page(phone, alice):
+    """The tables scroll inside their frame; a visually hidden "Actions"
+    heading in their last column used to stretch the whole page."""
+    tokens.token_create(user=alice, lifetime=timedelta(hours=1))
+    home = Path(settings.STORAGE_LOCAL_ROOT) / alice.username
+    home.mkdir(parents=True, exist_ok=True)
+    (home / f"results_of_{LONG_NAME}.csv").write_text("a,b\n1,2\n")
+    for path in ("/profile/", "/storage/"):
+        phone.goto(path)
+        expect(phone.locator("table").first).to_be_visible()
+        assert phone.evaluate(PAGE_OVERFLOW) == 0, path
 
 def test_the_dashboard_names_no_busiest_zero_users(browser, portal_in_process, admin_user):
     page = page_alone(browser, portal_in_process)

@@ -156,6 +156,15 @@ def test_a_tables_hidden_column_label_does_not_widen_a_phones_page(phone, alice)
         expect(phone.locator("table").first).to_be_visible()
         assert phone.evaluate(PAGE_OVERFLOW) == 0, path
 
+def test_a_long_file_name_leaves_its_size_date_and_actions_in_view(desktop, alice):
+    home = Path(settings.STORAGE_LOCAL_ROOT) / alice.username
+    home.mkdir(parents=True, exist_ok=True)
+    (home / f"checkpoint_of_{LONG_NAME}.pt").write_bytes(b"weights")
+    desktop.goto("/storage/")
+    frame = desktop.locator(".table-wrap").bounding_box()
+    delete = desktop.locator("tr", has_text="checkpoint_of_").get_by_role("link", name="Delete").bounding_box()
+    assert delete["x"] + delete["width"] <= frame["x"] + frame["width"]
+
 def test_the_dashboard_names_no_busiest_zero_users(browser, portal_in_process, admin_user):
     page = page_alone(browser, portal_in_process)
     try:

@@ -232,6 +232,18 @@ def test_it_says_why_a_job_ended_and_how_each_attempt_went(alice):
     assert "1 <span class=\"muted\">of 1 allowed</span>" in html
 
 
+def test_the_job_pages_headings_go_down_one_level_at_a_time(alice):
+    """A screen reader's outline of the page: no h3 straight under the h1."""
+    job = ended_job(alice, "outlined", State.FAILED, exit_type=ExitType.USER_EXIT, exit_code=1, retry_limit=1,
+                    attempt_number=2)
+    JobAttempt.objects.create(job=job, number=2, state=State.FAILED, exit_type=ExitType.USER_EXIT, exit_code=1)
+    html = client_for(alice).get(f"/jobs/{job.pk}/").content.decode()
+    html = re.sub(r"<dialog.*?</dialog>", "", html, flags=re.DOTALL)  # a dialog's heading starts its own outline
+    levels = [int(level) for level in re.findall(r"<h([1-6])[\s>]", html)]
+    assert levels[0] == 1 and all(b <= a + 1 for a, b in zip(levels, levels[1:])), levels
+    assert '<h2 class="sub">Attempts</h2>' in html
+
+
 def test_it_lists_each_tasks_node_ports_and_logs_with_web_ports_as_links(alice):
     job = ended_job(alice, "with_ports", State.RUNNING, finished_at=None, exit_type="")
     attempt = task_attempt(job, state=TaskState.RUNNING, finished_at=None, exit_code=None, exit_type="",

@@ -15,9 +15,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 from playwright.sync_api import expect
 
-from jobs.models import State, TaskState
+from jobs.models import Node, State, TaskState
 from jobs.services import access, tokens
 from tests.browser import login, page_alone, screenshot
 from tests.test_pages import ended_job, task_attempt, waiting_job
@@ -164,6 +165,21 @@ def test_a_long_file_name_leaves_its_size_date_and_actions_in_view(desktop, alic
     frame = desktop.locator(".table-wrap").bounding_box()
     delete = desktop.locator("tr", has_text="checkpoint_of_").get_by_role("link", name="Delete").bounding_box()
     assert delete["x"] + delete["width"] <= frame["x"] + frame["width"]
+
+def test_the_join_tokens_panel_stands_apart_from_the_nodes_table(browser, portal_in_process, admin_user):
+    # Never schedulable and long silent: no test's job is ever placed on it.
+    node = Node.objects.create(name=f"layout-node-{admin_user.pk}", address="127.0.0.8", docker_host="unix:///nonexistent",
+                               schedulable=False, last_heartbeat=timezone.now() - timedelta(minutes=5))
+    page = page_alone(browser, portal_in_process)
+    try:
+        login(page, admin_user)
+        page.goto("/nodes/")
+        table = page.locator(".nodes-wrap").bounding_box()
+        tokens_panel = page.locator("#join-tokens").bounding_box()
+        assert tokens_panel["y"] - (table["y"] + table["height"]) >= 12
+    finally:
+        page.context.close()
+        node.delete()
 
 def test_the_dashboard_names_no_busiest_zero_users(browser, portal_in_process, admin_user):
     page = page_alone(browser, portal_in_process)

@@ -190,3 +190,11 @@ def test_the_dashboard_names_no_busiest_zero_users(browser, portal_in_process, a
         expect(title).to_have_text(re.compile(r"^GPUs in use by user( \(the busiest [1-9]\d*\))?$"))
     finally:
         page.context.close()
+
+
+def test_each_task_roles_buttons_name_their_role(desktop):
+    desktop.goto("/submit/")
+    desktop.get_by_role("button", name="Duplicate task role 1").click()
+    expect(desktop.get_by_role("button", name="Remove task role 2")).to_be_enabled()
+    desktop.get_by_role("button", name="Remove task role 1").click()
+    expect(desktop.get_by_role("button", name=re.compile(r"^Remove task role"))).to_have_count(1)

@@ -78,13 +78,13 @@ def test_it_submits_a_job_through_the_form(page, alice, cluster):
     expect(field_error(page, "taskRoles[0].memoryMB")).to_be_hidden()
 
     # Task roles can be duplicated, added and removed.
-    page.get_by_role("button", name="Duplicate").click()
+    page.get_by_role("button", name="Duplicate task role 1").click()
     expect(field(page, "taskRoles[1].name")).to_have_value("main2")
     expect(field(page, "taskRoles[1].command")).to_have_value('echo "greeting=$GREETING"\necho second line')
     page.get_by_role("button", name="+ Add task role").click()
     expect(field(page, "taskRoles[2].name")).to_be_focused()
-    page.locator("[data-role]").nth(2).get_by_role("button", name="Remove", exact=True).click()
-    page.locator("[data-role]").nth(1).get_by_role("button", name="Remove", exact=True).click()
+    page.get_by_role("button", name="Remove task role 3").click()
+    page.get_by_role("button", name="Remove task role 2").click()
     expect(page.locator("[data-role]")).to_have_count(1)
 
     # A port row and an environment variable.

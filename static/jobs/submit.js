@@ -198,6 +198,9 @@
     card.querySelector(".role-number").textContent = "Task role " + (index + 1);
     card.querySelector('[data-action="remove-role"]').disabled = count === 1;
     card.setAttribute("aria-label", "Task role " + (index + 1));
+    // Named for their role, as a port's Remove is: a list of buttons reads "Duplicate task role 2", not "Duplicate".
+    card.querySelector('[data-action="duplicate-role"]').setAttribute("aria-label", "Duplicate task role " + (index + 1));
+    card.querySelector('[data-action="remove-role"]').setAttribute("aria-label", "Remove task role " + (index + 1));
     if (!isObject(role)) {
       card.querySelector(".role-body").hidden = true;
       note(card.querySelector("[data-role-note]"), "This task role is not an object in the config; fix it with the JSON button or remove it.");

@@ -1,9 +1,10 @@
-"""The pages' layout in a real browser (Debian's Chromium), with the portal
-served from the test process: jobs are rows made the way
+"""The pages as a reader meets them in a real browser (Debian's Chromium),
+with the portal served from the test process: jobs are rows made the way
 tests/test_pages.py makes them, so no Docker or node agent is needed.
 
-What a page must survive: job names with nothing to wrap at, a phone's
-390 px, and times a reader in another zone cannot misread.
+What a page must survive: names and file names with nothing to wrap at, a
+phone's 390 px, times a reader in another zone cannot misread, panels that
+run into each other, and buttons a screen reader cannot tell apart.
 """
 
 from __future__ import annotations

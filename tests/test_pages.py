@@ -221,6 +221,19 @@ def test_it_explains_a_waiting_job_with_its_place_in_the_queue(alice):
     assert "Not placed yet" in html
 
 
+def test_a_job_stopped_before_it_started_says_it_never_did(alice):
+    """Not "not yet" and "starts when the whole job fits": it never will."""
+    job = ended_job(alice, "stopped_waiting", State.STOPPED, started_at=None, exit_type=ExitType.USER_STOP,
+                    exit_reason="stopped by its user")
+    html = client_for(alice).get(f"/jobs/{job.pk}/").content.decode()
+    assert '<dt>Started</dt><dd><span class="muted">never</span></dd>' in html
+    assert "Never placed: the job ended before this task started." in html
+    assert "No task of this job started, so it has no log." in html and ">No task started</option>" in html
+    assert "No samples: no task of this job started." in html
+    for words in ("not yet", "Not placed yet", "once a task starts", "No task has started yet", "No samples yet"):
+        assert words not in html, words
+
+
 def test_it_says_why_a_job_ended_and_how_each_attempt_went(alice):
     job = ended_job(alice, "retried", State.FAILED, exit_type=ExitType.USER_EXIT, exit_code=3, retry_limit=1,
                     attempt_number=2, exit_reason="task main-0 failed")

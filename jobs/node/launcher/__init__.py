@@ -64,8 +64,9 @@ class RegistryAuth:
     username: str
     password: str
     # A job's secrets (a username or registry address can hold one, whole or
-    # in part), kept out of messages like the password.
-    hidden: tuple[str, ...] = ()
+    # in part), kept out of messages like the password; not part of what
+    # the credentials are, so not compared.
+    hidden: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,16 @@ import yaml
 
 from jobs.spec import ParsedConfig, SpecError, parse_config_text
 from jobs.spec import convert
+from tests import test_spec_v2
 
 FS = "hdfs://namenode:9000"
 
 
 def minimal(**changes) -> dict:
-    config = {
-        "protocolVersion": 2, "name": "v2job", "type": "job",
-        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "busybox"}],
-        "taskRoles": {"main": {"dockerImage": "img", "resourcePerInstance": {"cpu": 1, "memoryMB": 2048, "gpu": 0},
-                               "commands": ["echo hi"]}},
-    }
+    """test_spec_v2's minimal config, with memory enough for OpenPAI's 512 MB
+    of /dev/shm (the default is capped at memoryMB)."""
+    config = test_spec_v2.minimal()
+    config["taskRoles"]["main"]["resourcePerInstance"]["memoryMB"] = 2048
     config.update(changes)
     return config
 

@@ -74,6 +74,15 @@ class VirtualClusterQuerySet(models.QuerySet):
             return self
         return self.filter(Q(open_to_all=True) | Q(users=user)).distinct()
 
+    def names_usable_by_each(self, users: list[User]) -> dict[int, list[str]]:
+        """`usable_by` for many users at once, as names by user id: one query
+        here for any number of users, who come with their virtual_clusters
+        prefetched (the admin's user list)."""
+        every = list(self.values_list("name", "open_to_all"))
+        open_to_all = {name for name, is_open in every if is_open}
+        return {u.pk: [name for name, _ in every] if u.is_admin
+                else sorted(open_to_all | {vc.name for vc in u.virtual_clusters.all()}) for u in users}
+
 
 class VirtualCluster(models.Model):
     """A share of the cluster (OpenPAI's virtualCluster).

@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from jobs import exit_spec
-from jobs.models import ExitType, Job, State, Task, TaskAttempt, User, VirtualCluster
+from jobs.models import ExitType, Job, State, Task, TaskAttempt, User
 from jobs.services.cluster import Amount, VcUsage
 
 # The fields a job list needs; the heavy ones (config, keys) stay in the database.
@@ -195,12 +195,3 @@ def user(user: User, usable: list[str]) -> dict[str, Any]:
         "virtualCluster": ",".join(names),
     }
 
-
-def usable_virtual_clusters(users: list[User]) -> dict[int, list[str]]:
-    """By user id, the virtual clusters each may submit to (as
-    VirtualCluster.objects.usable_by), in two queries for any number of
-    users; `users` come with their virtual_clusters prefetched."""
-    every = list(VirtualCluster.objects.values_list("name", "open_to_all"))
-    open_to_all = {name for name, is_open in every if is_open}
-    return {u.pk: [name for name, _ in every] if u.is_admin
-            else sorted(open_to_all | {vc.name for vc in u.virtual_clusters.all()}) for u in users}

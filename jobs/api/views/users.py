@@ -25,7 +25,7 @@ def _user_named(username: str) -> User:
 @handler(Access.ADMIN)
 def _list(request: HttpRequest) -> HttpResponse:
     everyone = list(User.objects.order_by("username").prefetch_related("virtual_clusters"))
-    usable = serializers.usable_virtual_clusters(everyone)
+    usable = VirtualCluster.objects.names_usable_by_each(everyone)
     return ok([serializers.user(user, usable[user.pk]) for user in everyone])
 
 

@@ -301,12 +301,16 @@ _NOT_HELD = "not held"
 HOLD_MARGIN_SECONDS = 1.0
 
 
+def _try_length() -> timedelta:
+    """How long one webhook try may take, with a margin."""
+    return timedelta(seconds=settings.WEBHOOK_TIMEOUT_SECONDS + HOLD_MARGIN_SECONDS)
+
+
 def held_delivery_budget() -> timedelta:
     """How long a delivery may wait held: its own tries' waits and lengths,
     had it been tried at once and failed each time."""
     waits = settings.WEBHOOK_RETRY_SECONDS
-    try_length = settings.WEBHOOK_TIMEOUT_SECONDS + HOLD_MARGIN_SECONDS
-    return timedelta(seconds=sum(waits) + (len(waits) + 1) * try_length)
+    return timedelta(seconds=sum(waits)) + (len(waits) + 1) * _try_length()
 
 
 def _hold_behind_failure(delivery_id: int) -> str | None:
@@ -323,7 +327,7 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
     now = timezone.now()
     same_receiver = NotificationDelivery.objects.filter(
         user_id=delivery["user_id"], channel=Channel.WEBHOOK, target=url).exclude(pk=delivery_id)
-    try_length = timedelta(seconds=settings.WEBHOOK_TIMEOUT_SECONDS + HOLD_MARGIN_SECONDS)
+    try_length = _try_length()
     failed = (same_receiver.filter(status=Status.RETRYING, tries__gte=1, next_try_at__gt=now)
               .order_by("next_try_at").values("id", "next_try_at", "result").first())
     if failed is not None:

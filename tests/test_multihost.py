@@ -272,3 +272,24 @@ def test_a_node_engine_as_docker_comes_is_not_taken_for_an_isolating_one(mh):
     from jobs.node import launcher
 
     assert launcher.engine_for(mh.nodes["n1"].engine.socket).isolating_default_network() == ""
+
+
+def test_a_launch_on_a_kept_answer_about_the_default_bridge_asks_again_before_its_start(mh):
+    """DefaultNetwork (jobs/node/runner.py) keeps an engine's answer for the
+    next launch, which asks again while its container is created: when the
+    engine now answers as Docker comes (n1's, standing for the same engine
+    restarted without --icc=false), the task does not start on its bridge."""
+    from django.conf import settings
+
+    from jobs.node import launcher
+    from jobs.node.runner import DefaultNetwork, DefaultNetworkChanged
+
+    kept = DefaultNetwork(launcher.engine_for(settings.DOCKER_HOST))  # started isolating: test_scripts.py
+    assert kept.choose() == ("bridge", False)
+    assert kept.choose() == ("bridge", True)
+    kept.check("bridge")
+    kept.engine = launcher.engine_for(mh.nodes["n1"].engine.socket)
+    with pytest.raises(DefaultNetworkChanged):
+        kept.check("bridge")
+    assert kept.choose() == ("", True)  # the next launch goes on our network
+    kept.check("")  # which is safe whatever the engine says

@@ -19,7 +19,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -65,6 +65,38 @@ class LaunchTiming:
         if self.marks:
             with open(self.FILE, "a") as out:
                 out.write(json.dumps(self.marks) + "\n")
+
+
+class DefaultNetworkChanged(Exception):
+    """The engine's default network stopped isolating its containers since
+    the answer a launch chose its network by."""
+
+
+class DefaultNetwork:
+    """May one-task jobs go on the engine's default network? Its last
+    answer to isolating_default_network() is kept for the next launch,
+    which asks again while its container is created (a look-up of 2-14 ms
+    taken off the launch's path) and does not start it on a default network
+    that no longer isolates (the engine was restarted without --icc=false)."""
+
+    def __init__(self, engine: launcher.Engine) -> None:
+        self.engine = engine
+        self._answer: str | None = None  # not asked yet
+
+    def choose(self) -> tuple[str, bool]:
+        """The default network if it isolates, else ""; and whether that
+        is a kept answer, for `check` before the container starts."""
+        if self._answer is None:
+            self._answer = self.engine.isolating_default_network()
+            return self._answer, False
+        return self._answer, True
+
+    def check(self, chosen: str) -> None:
+        """Ask again. `chosen`: the default network a task was put on by a
+        kept answer ("" when it went on ours, which is safe either way)."""
+        self._answer = self.engine.isolating_default_network()
+        if chosen and self._answer != chosen:
+            raise DefaultNetworkChanged(chosen)
 
 
 def shared_network_name() -> str:
@@ -197,6 +229,7 @@ class Runner:
         self._stop_asked: set[int] = set()  # of those, the ones to stop once started
         self._launches: queue.Queue[tuple[int, LaunchTiming]] = queue.Queue()
         self._network_locks = [threading.Lock() for _ in range(16)]
+        self._default_network = DefaultNetwork(context.engine)
         for number in range(LAUNCH_THREADS):
             threading.Thread(target=self._launch_loop, name=f"launch-{number}", daemon=True).start()
 
@@ -297,8 +330,7 @@ class Runner:
         ensure_image()
         code_dir = self._stage_code(ctx) if ctx.spec.code_dir else ""
         data_dir = self._stage_data(ctx) if ctx.spec.data_dir else ""
-        self._make_output_dir(ctx)
-        network = self._network(ctx)
+        network, kept_answer = self._network(ctx)
         env = environment.task_environment(
             spec=ctx.spec, user_name=ctx.job.owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI,
             me=ctx.me, peers=ctx.peers, attempt_number=ctx.attempt.number, authorized_keys=authorized_keys(ctx.job),
@@ -318,12 +350,21 @@ class Runner:
             files=peer_ssh_files(ctx) if len(ctx.peers) > 1 else {},
         )
         timing.mark("prepared")
+
+        def before_start() -> None:  # while Docker creates the container
+            if kept_answer:
+                self._default_network.check(network if network != shared_network_name() else "")
+            self._make_output_dir(ctx)
+
         try:
-            return self.engine.run(spec)
+            return self.engine.run(spec, alongside=before_start)
         except launcher.ImageMissing:  # removed since this node saw it: make sure of it again, once
             self._images.forget(image)
             ensure_image()
             return self.engine.run(spec)
+        except DefaultNetworkChanged:
+            network, _ = self._network(ctx)  # from the engine's answer just now
+            return self.engine.run(replace(spec, network=network), alongside=lambda: self._make_output_dir(ctx))
 
     def _registry_auth(self, ctx: LaunchContext) -> launcher.RegistryAuth | None:
         """The credentials in the job's authFile, read as its owner. Only
@@ -338,24 +379,28 @@ class Runner:
             raise launcher.LaunchError(ExitType.IMAGE_PULL, f"could not read authFile: {exc}") from None
         return launcher.RegistryAuth(registry=registry, username=username, password=password)
 
-    def _network(self, ctx: LaunchContext) -> str:
+    def _network(self, ctx: LaunchContext) -> tuple[str, bool]:
+        """The task's network, and whether it was chosen on the engine's
+        kept answer about its default network (to be checked again before
+        the container starts)."""
         labels = {launcher.LABEL_INSTANCE: settings.PAI_INSTANCE}
         if not ctx.attempt.ip:
             # A one-task job has no peers: it runs where containers cannot
             # reach each other (settings.SINGLE_TASK_NETWORK).
+            kept = False
             if settings.SINGLE_TASK_NETWORK == "isolated":
-                default = self.engine.isolating_default_network()
+                default, kept = self._default_network.choose()
                 if default:
-                    return default
+                    return default, kept
             name = shared_network_name()
             with self._network_lock(name):
                 self.engine.ensure_network(name, labels=labels, isolated=True)
-            return name
+            return name, kept
         name = ctx.attempt.job_attempt.network_name
         labels[launcher.LABEL_JOB_ATTEMPT] = f"{ctx.job.pk}-{ctx.attempt.number}"
         with self._network_lock(name):
             self.engine.ensure_network(name, labels=labels, subnet=ctx.attempt.job_attempt.subnet)
-        return name
+        return name, False
 
     def _network_lock(self, name: str) -> threading.Lock:
         """One launch at a time makes a given network: the tasks of one job

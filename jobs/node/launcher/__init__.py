@@ -219,8 +219,9 @@ class Engine(Protocol):
     def isolating_default_network(self) -> str:
         """The engine's default network if it isolates its containers as the
         shared one-task network does (traffic between them off, and a bridge
-        the node's firewall matches), else "". Asked at every launch, so an
-        engine restarted without that set-up is noticed at its next task."""
+        the node's firewall matches), else "". Asked at every launch (while
+        the container is created, and before it starts), so an engine
+        restarted without that set-up is noticed at its next task."""
 
     def remove_network(self, name: str) -> bool:
         """Remove a network; True if it is gone, False if containers still use it."""
@@ -243,13 +244,16 @@ class Engine(Protocol):
 
     # ------------------------------------------------------------ containers
 
-    def run(self, spec: ContainerSpec) -> str:
+    def run(self, spec: ContainerSpec, *, alongside: Callable[[], None] | None = None) -> str:
         """Create and start a task's container and return its id. A container
         of that name that exists already is adopted (a launch retried after a
         crash). The container runs the prologue, then `spec.command`.
         Raises ImageMissing when the engine has no `spec.image`, else
         LaunchError("PLATFORM"); a container that could not start is removed
-        first."""
+        first. `alongside` is run in the calling thread while the container
+        is created, and always before it starts: what must hold before the
+        task's code runs but not before its container exists. If it raises,
+        the container is removed and its exception raised."""
 
     def state(self, container_id: str) -> ContainerState | None:
         """The container's state now; None if it does not exist."""

@@ -314,6 +314,11 @@ SUBMIT_DEFAULT_IMAGE = env_str("SUBMIT_DEFAULT_IMAGE", "pai-local/debian:bookwor
 # Threads per gunicorn worker serving plain HTTP (portal/asgi.py); each
 # keeps its own database connection.
 PORTAL_HTTP_THREADS = env_int("PORTAL_HTTP_THREADS", 8, minimum=1, maximum=256)
+# Streamed responses (whole logs, storage downloads, whole job lists, a
+# job's attempts) one user may have open at once, over all workers: each
+# holds a thread above while its client reads (jobs/services/stream_slots.py).
+# Anonymous callers share one such limit per client address.
+STREAMED_RESPONSES_PER_USER = env_int("STREAMED_RESPONSES_PER_USER", 4, minimum=1)
 
 # REST API
 API_ANONYMOUS_READ = env_bool("API_ANONYMOUS_READ", False)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.csrf import csrf_exempt
@@ -21,7 +21,8 @@ from django.views.decorators.csrf import csrf_exempt
 from jobs import jsonc
 from jobs.api.auth import Access, authenticate
 from jobs.api.errors import ApiError, error_response, invalid
-from jobs.services import SubmitError
+from jobs.services import SubmitError, stream_slots
+from jobs.services.ratelimit import client_address
 from jobs.services.users import UserError
 from jobs.spec import SpecError
 
@@ -229,6 +230,18 @@ def ok(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> J
     for name, value in (headers or {}).items():
         response[name] = value
     return response
+
+
+def streamed(request: HttpRequest, parts: Iterable[bytes]) -> StreamingHttpResponse:
+    """JSON written as `parts` come, one of the caller's limited open
+    streams (jobs/services/stream_slots.py): past the limit, 429
+    TooManyRequestsError with Retry-After. Call it once the caller may see
+    what `parts` holds, so a refused request takes no one's slot."""
+    try:
+        held = stream_slots.stream_hold(user=request.user, address=client_address(request), content=parts)
+    except stream_slots.TooManyStreams as exc:
+        raise ApiError("TooManyRequestsError", exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
+    return StreamingHttpResponse(held, content_type="application/json")
 
 
 def api_url(request: HttpRequest, route: str, **kwargs: Any) -> str:

@@ -52,8 +52,9 @@ ERROR_TEXT = {
     409: "Conflict: ConflictJobError (a job of that name exists, or it is not in a state for this), "
          "ConflictUserError.",
     413: "The request body is over the portal's size limit (RequestTooLargeError).",
-    429: "Too many requests (TooManyRequestsError): failed logins, or job submissions past the per-token "
-         "limit; see Retry-After.",
+    429: "Too many requests (TooManyRequestsError): failed logins, job submissions past the per-user "
+         "limit, or more streamed answers (whole lists) open at once than STREAMED_RESPONSES_PER_USER; see "
+         "Retry-After.",
 }
 
 
@@ -109,7 +110,8 @@ USERNAME = path_param("username", "the job owner's username")
 JOB_NAME = path_param("name", "the job's name")
 JOB_PARAMS = [USERNAME, JOB_NAME]
 PAGING = [
-    query_param("limit", "page size; without it (and without offset) the whole list comes back",
+    query_param("limit", "page size; without it (and without offset) the whole list comes back, streamed (one "
+                "of the caller's STREAMED_RESPONSES_PER_USER open streams)",
                 {"type": "integer", "minimum": 1, "maximum": 1000}),
     query_param("offset", "jobs to skip (with limit)", {"type": "integer", "minimum": 0}),
 ]
@@ -332,7 +334,7 @@ def _paths() -> dict[str, Schema]:
             "get": operation(
                 "List jobs", {**answer(200, "Your jobs (an admin: everyone's), newest first.",
                                        {"type": "array", "items": ref("JobSummary")}, PAGE_HEADERS),
-                              **errors(400, 401)},
+                              **errors(400, 401, 429)},
                 parameters=[query_param("username", "only this user's jobs", STRING), *PAGING], tag="jobs"),
             "post": operation("Submit a job as yourself", {**accepted, **submit_errors},
                               request_body=body(ref("JobConfig")), tag="jobs",
@@ -343,7 +345,7 @@ def _paths() -> dict[str, Schema]:
             "parameters": [USERNAME],
             "get": operation("List a user's jobs", {
                 **answer(200, "The user's jobs, newest first.", {"type": "array", "items": ref("JobSummary")},
-                         PAGE_HEADERS), **errors(400, 401, 403)}, parameters=PAGING, tag="jobs"),
+                         PAGE_HEADERS), **errors(400, 401, 403, 429)}, parameters=PAGING, tag="jobs"),
             "post": operation("Submit a job", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
                               tag="jobs", description="The job is named by jobName in the config. Every problem "
                               "with the config is listed in the message (and in `problems`). Refused with 403 "

@@ -18,6 +18,7 @@
     limits      per-user limits in a virtual cluster: which apply, the waiting-limit check (read-only)
     users       admin user management for the REST API
     ratelimit   failed-login limits (API and login form); action limits (live checks, API submissions)
+    stream_slots  each user's limit of open streamed responses (downloads, whole lists), over all workers
 """
 
 from jobs.services.lifecycle import (

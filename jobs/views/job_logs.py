@@ -8,12 +8,13 @@ platform (what the portal did for the task: image pull, code staging ...).
 
 from __future__ import annotations
 
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
 from jobs import logs
 from jobs.models import FINAL_TASK_STATES, Job, Stream, TaskAttempt
+from jobs.views.streaming import streaming_response
 
 TAIL_LINES = 500  # what the viewer shows first: the end of the log
 PAGE_LINES = 1000  # most lines one poll returns; the page asks again at once if there are more
@@ -76,14 +77,14 @@ def log_search(request: HttpRequest, job_id: int, attempt_id: int, stream: str) 
 
 
 @require_GET
-def log_download(request: HttpRequest, job_id: int, attempt_id: int, stream: str) -> StreamingHttpResponse:
+def log_download(request: HttpRequest, job_id: int, attempt_id: int, stream: str) -> HttpResponse:
     """The whole log as text, streamed a chunk at a time; `?inline=1` shows
-    it in the browser instead of saving it."""
+    it in the browser instead of saving it. One of the user's limited open
+    streams (a 429 past it), counted once the log is known to be theirs."""
     attempt = _attempt_for_user(request, job_id, attempt_id)
     kind = _stream(stream)
-    response = StreamingHttpResponse(logs.iter_text(attempt.pk, kind), content_type="text/plain; charset=utf-8")
     name = f"{attempt.job.name}-{attempt.task.role}-{attempt.task.index}-attempt{attempt.number}.{kind.label}.log"
     disposition = "inline" if request.GET.get("inline") else "attachment"
-    response["Content-Disposition"] = f'{disposition}; filename="{name}"'
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return streaming_response(request, logs.iter_text(attempt.pk, kind), content_type="text/plain; charset=utf-8",
+                              headers={"Content-Disposition": f'{disposition}; filename="{name}"',
+                                       "X-Content-Type-Options": "nosniff"})

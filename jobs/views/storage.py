@@ -12,7 +12,7 @@ from __future__ import annotations
 from urllib.parse import quote, urlencode
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
@@ -24,6 +24,7 @@ from jobs.storage import access, files, paths, uploads
 from jobs.storage.access import Reader
 from jobs.storage.multipart import MultipartError
 from jobs.storage.uploads import Staging
+from jobs.views.streaming import streaming_response
 
 USE_AS_FIELDS = ("codeDir", "dataDir", "outputDir")
 
@@ -76,10 +77,10 @@ def download(request: HttpRequest) -> HttpResponse:
         entry, chunks = files.file_read(_reader(request), _locate(request, request.GET.get("path", "")))
     except storage.StorageError as exc:
         return render(request, "jobs/storage.html", {"error": str(exc)}, status=_status(exc))
-    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
-    response["Content-Length"] = str(entry.size)
-    response["Content-Disposition"] = f"attachment; filename*=UTF-8''{quote(entry.name)}"
-    return response
+    # One of the user's limited open streams, counted only now that the file
+    # is there and theirs to read (a 429 past the limit closes `chunks`).
+    return streaming_response(request, chunks, content_type="application/octet-stream", headers={
+        "Content-Length": str(entry.size), "Content-Disposition": f"attachment; filename*=UTF-8''{quote(entry.name)}"})
 
 
 @require_POST

@@ -13,13 +13,13 @@ import json
 from collections.abc import Iterator
 
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse
 
 from jobs import exit_spec, services
 from jobs.api import openapi_v2, serializers
 from jobs.api.auth import Access
 from jobs.api.errors import ApiError, invalid, no_job
-from jobs.api.http import api_url, handler, int_param, json_body, ok, resource
+from jobs.api.http import api_url, handler, int_param, json_body, ok, resource, streamed
 from jobs.api.views import jobs as v1
 from jobs.ids import parse_id
 from jobs.models import Job, JobAttempt, JobTag, State, TaskAttempt
@@ -182,7 +182,8 @@ def _config(request: HttpRequest, username: str, name: str) -> HttpResponse:
 def _attempts(request: HttpRequest, username: str, name: str) -> HttpResponse:
     """Every attempt, as OpenPAI lists them, written one attempt at a time:
     a job of 1,000 tasks and 100 retries has 101,000 containers, and a
-    worker that every user shares must not hold them all at once."""
+    worker that every user shares must not hold them all at once. One of
+    the caller's limited open streams."""
     job = v1.find_job(request, username, name)
     attempts = list(job.attempts.order_by("number"))
 
@@ -193,7 +194,7 @@ def _attempts(request: HttpRequest, username: str, name: str) -> HttpResponse:
             yield ("," if position else "").encode() + body.encode()
         yield b"]"
 
-    return StreamingHttpResponse(parts(), content_type="application/json")
+    return streamed(request, parts())
 
 
 @handler(Access.USER)

@@ -1,0 +1,254 @@
+"""How many streamed responses one user may have open at once.
+
+A streamed response (a whole log, a file from storage, a whole job list, a
+job's attempts) holds a web thread until the client has read the last byte,
+and a client may read as slowly as it likes. Every web worker has only
+PORTAL_HTTP_THREADS threads, so one user opening dozens of slow downloads
+could hold every thread of every worker and keep everyone else out. Each
+user may therefore hold at most STREAMED_RESPONSES_PER_USER of them;
+anonymous callers (API_ANONYMOUS_READ) share one such limit per client
+address.
+
+The count must be the same in every worker process, so it lives in Redis:
+a sorted set per holder whose members are the open streams, each scored by
+when it expires. A stream's worker moves that time forward every
+REFRESH_SECONDS for as long as the stream is open (a thread of its own does,
+not the stream: a client that reads nothing blocks the stream's thread, and
+that thread must go on counting), and removes the member when the response
+is closed: at its end, when the client goes away, or after an error. A
+worker that is killed does neither, so its streams are simply not refreshed
+any more, and every take drops members past their time: a slot is never
+lost for longer than SLOT_SECONDS.
+
+If Redis cannot be reached, streams go ahead uncounted, as the other rate
+limits do (jobs/services/ratelimit.py): a Redis outage must not stop
+everyone's downloads to stop one user's.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Generic, TypeVar
+
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from redis import Redis
+from redis.commands.core import Script
+from redis.exceptions import RedisError
+
+from jobs import queues
+from jobs.models import User
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SLOT_SECONDS = 60  # how long a slot outlives the last sign that its worker is alive
+REFRESH_SECONDS = 15  # a few refreshes per SLOT_SECONDS: one lost to a Redis hiccup costs nothing
+RETRY_AFTER_SECONDS = 10  # when a refused client may ask again: a slot frees when some stream ends
+
+# Redis's clock, not the workers': web workers on several machines must
+# agree on when a slot is past its time.
+_NOW = """
+local time = redis.call('TIME')
+local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+"""
+
+# Drop slots past their time (their worker died), then take one if fewer
+# than the limit are held. One script: two takes at once cannot both see
+# the last free slot. The key's own expiry removes a holder nobody refreshes.
+_TAKE = _NOW + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# XX: only slots still there. One released (or dropped as past its time)
+# while this refresh was on its way must not come back.
+_REFRESH = _NOW + """
+for i, key in ipairs(KEYS) do
+  if redis.call('ZADD', key, 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[i + 1]) == 1 then
+    redis.call('EXPIRE', key, ARGV[1])
+  end
+end
+return 0
+"""
+
+
+class TooManyStreams(Exception):
+    """The holder has STREAMED_RESPONSES_PER_USER streams open already."""
+
+    def __init__(self, *, limit: int, anonymous: bool) -> None:
+        self.limit = limit
+        self.retry_after = RETRY_AFTER_SECONDS
+        who = "Anonymous clients at your address have" if anonymous else "You have"
+        self.message = (f"{who} {limit} downloads or whole lists open already, the most allowed at once "
+                        f"(STREAMED_RESPONSES_PER_USER={limit}). Let one finish or cancel it, then try again "
+                        f"in {self.retry_after} seconds.")
+        super().__init__(self.message)
+
+
+class StreamSlot:
+    """One open stream's place in its holder's set."""
+
+    def __init__(self, key: str, member: str, *, counted: bool) -> None:
+        self.key, self.member = key, member
+        self.counted = counted  # False when Redis was down at the take: nothing to release
+        self._released = False
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        _forget(self)
+        if not self.counted:
+            return
+        try:
+            queues.connection().zrem(self.key, self.member)
+        except RedisError:  # its time runs out instead
+            log.warning("stream limit unavailable", exc_info=True)
+
+
+class HeldStream(Generic[T]):
+    """`content`, holding a stream slot until the response is closed.
+
+    A class and not a generator: Django and the WSGI server call close() on
+    a response that was never read too (a HEAD, a client gone before the
+    first byte), and a generator that never started skips its `finally`."""
+
+    def __init__(self, content: Iterable[T], slot: StreamSlot) -> None:
+        self._content = content
+        self._iterator = iter(content)
+        self.slot = slot
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        try:
+            _close(self._iterator)
+            if self._content is not self._iterator:
+                _close(self._content)  # what Django would have closed (an open file, an HDFS connection)
+        finally:
+            self.slot.release()
+
+
+def _close(thing: object) -> None:
+    close = getattr(thing, "close", None)
+    if close is not None:
+        close()
+
+
+def holder_of(*, user: User | AnonymousUser, address: str) -> str:
+    """Whose limit a stream counts toward: the user's; anonymous callers
+    share their address's."""
+    return f"user:{user.pk}" if user.is_authenticated else f"address:{address}"
+
+
+def _key(holder: str) -> str:
+    digest = hashlib.sha256(holder.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{settings.PAI_INSTANCE}:streams:{digest}"
+
+
+def stream_slot_take(*, holder: str) -> StreamSlot:
+    """A slot for one more open stream of `holder`, or TooManyStreams."""
+    limit = settings.STREAMED_RESPONSES_PER_USER
+    slot = StreamSlot(_key(holder), uuid.uuid4().hex, counted=True)
+    try:
+        taken = _script(queues.connection(), _TAKE)(keys=[slot.key], args=[slot.member, limit, SLOT_SECONDS])
+    except RedisError:  # Redis is down: never block work on the limiter
+        log.warning("stream limit unavailable", exc_info=True)
+        return StreamSlot(slot.key, slot.member, counted=False)
+    if not taken:
+        raise TooManyStreams(limit=limit, anonymous=holder.startswith("address:"))
+    _remember(slot)
+    return slot
+
+
+def stream_hold(*, user: User | AnonymousUser, address: str, content: Iterable[T]) -> HeldStream[T]:
+    """`content` to stream, counted toward its caller's limit until it is
+    closed. Call it once the caller may see what `content` holds: a refused
+    or unauthorised request must not take the owner's slots. Raises
+    TooManyStreams, having closed `content` (an open file or connection)."""
+    try:
+        slot = stream_slot_take(holder=holder_of(user=user, address=address))
+    except TooManyStreams:
+        _close(content)
+        raise
+    return HeldStream(content, slot)
+
+
+def streams_open(*, holder: str) -> int:
+    """How many streams `holder` has open now (none past its time)."""
+    redis = queues.connection()
+    seconds, micros = redis.time()
+    return redis.zcount(_key(holder), f"({seconds}.{micros:06d}", "+inf")
+
+
+@functools.cache
+def _script(redis: Redis, text: str) -> Script:
+    return redis.register_script(text)
+
+
+# ----------------------------------------------- this process's open streams
+
+# The slots this process holds, by member. Weak: a response dropped without
+# being closed (a bug) stops being refreshed, so its slot still runs out.
+_held: weakref.WeakValueDictionary[str, StreamSlot] = weakref.WeakValueDictionary()
+_held_lock = threading.Lock()
+_refresher_pid: int | None = None
+
+
+def _remember(slot: StreamSlot) -> None:
+    global _refresher_pid
+    with _held_lock:
+        _held[slot.member] = slot
+        # One refresher per process, started by its first stream: a thread
+        # started before gunicorn forks its workers would not exist in them.
+        if _refresher_pid != os.getpid():
+            _refresher_pid = os.getpid()
+            threading.Thread(target=_refresh_forever, name="stream-slots", daemon=True).start()
+
+
+def _forget(slot: StreamSlot) -> None:
+    with _held_lock:
+        _held.pop(slot.member, None)
+
+
+def _refresh_forever() -> None:
+    while True:
+        time.sleep(REFRESH_SECONDS)
+        try:
+            stream_slots_refresh()
+        except Exception:  # a refresher that died would let every open stream of this worker run out
+            log.exception("refreshing stream slots failed")
+
+
+def stream_slots_refresh() -> int:
+    """Move the time of every slot this process holds SLOT_SECONDS ahead;
+    how many there were."""
+    with _held_lock:
+        slots = list(_held.values())
+    if not slots:
+        return 0
+    try:
+        _script(queues.connection(), _REFRESH)(keys=[slot.key for slot in slots],
+                                               args=[SLOT_SECONDS, *(slot.member for slot in slots)])
+    except RedisError:  # the next refresh may get through before the slots run out
+        log.warning("stream limit unavailable", exc_info=True)
+    return len(slots)

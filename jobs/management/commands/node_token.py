@@ -26,7 +26,8 @@ class Command(BaseCommand):
                                  f"{join_tokens.MAX_SECONDS}; default one day)")
         parser.add_argument("--label", default="", help="what the token is for, shown in the list")
         parser.add_argument("--list", action="store_true", help="list the tokens (never their secrets)")
-        parser.add_argument("--revoke", metavar="PREFIX", help="revoke the token whose shown prefix this is")
+        parser.add_argument("--revoke", metavar="PREFIX",
+                            help="revoke the token whose prefix this is, as --list shows it (pjt_ may be left out)")
 
     def handle(self, *args, **options) -> None:
         if options["list"]:

@@ -184,6 +184,19 @@ def test_a_token_is_revoked_by_its_prefix_without_pjt_whatever_it_drew(monkeypat
     assert done.getvalue().startswith(f"revoked {made.key[:12]}")
 
 
+def test_a_prefix_names_tokens_in_its_own_case_only(monkeypatch):
+    """Token characters differ by case; SQLite's LIKE does not tell them apart."""
+    real = join_tokens.secrets.token_urlsafe
+    monkeypatch.setattr(join_tokens.secrets, "token_urlsafe", lambda nbytes: "aB" + real(nbytes)[2:])
+    made = join_tokens.join_token_create(by=None, seconds=600)
+    other_case = "pjt_Ab" + made.key[6:12]
+    assert join_tokens.join_tokens_matching(made.key[:12]) == [made.token]
+    assert made.token not in join_tokens.join_tokens_matching(other_case)
+    with pytest.raises(CommandError, match="no join token starts with"):
+        call_command("node_token", "--revoke", other_case)
+    assert NodeJoinToken.objects.get(pk=made.token.pk).revoked_at is None
+
+
 def test_every_setting_is_decided_for_nodes():
     """A setting the portal reads is handed to joining nodes or said not to be."""
     text = (ROOT / "portal" / "settings.py").read_text()

@@ -83,7 +83,10 @@ def join_tokens_matching(prefix: str) -> list[NodeJoinToken]:
         prefix = TOKEN_PREFIX + prefix
     if len(prefix) <= len(TOKEN_PREFIX):
         return []
-    return list(NodeJoinToken.objects.filter(prefix__startswith=prefix[:PREFIX_LENGTH]))
+    prefix = prefix[:PREFIX_LENGTH]
+    # SQLite's LIKE ignores case (PostgreSQL's does not): "pjt_ab" found
+    # pjt_AB… too, another token, which --revoke then revoked if it was the only one.
+    return [t for t in NodeJoinToken.objects.filter(prefix__startswith=prefix) if t.prefix.startswith(prefix)]
 
 
 def join_token_revoke(*, token: NodeJoinToken) -> bool:

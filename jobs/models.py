@@ -354,6 +354,15 @@ class Job(JobFacts, models.Model):
     exit_type = models.CharField(max_length=16, choices=ExitType.choices, default=ExitType.NONE, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     exit_reason = models.TextField(blank=True)
+    # What ended the job, as OpenPAI's appExitTrigger* say it: the completion
+    # rule that fired and the task that fired it (jobs/completion.py), or a
+    # stop, which names no task. NULL until the job ends, and for jobs that
+    # ended before they were recorded. NULL rather than "" so that adding
+    # them is an ALTER TABLE ADD COLUMN on SQLite, not a copy of the table
+    # (which would lose 0015's name-search triggers).
+    exit_trigger_message = models.TextField(null=True, blank=True)
+    exit_trigger_role = models.CharField(max_length=64, null=True, blank=True)
+    exit_trigger_index = models.PositiveIntegerField(null=True, blank=True)
     waiting_reason = models.TextField(blank=True)
     # How many later jobs of its virtual cluster started while this one
     # waited; see jobs/scheduler.py for the anti-starvation rule.
@@ -467,6 +476,10 @@ class JobAttempt(models.Model):
     exit_type = models.CharField(max_length=16, choices=ExitType.choices, default=ExitType.NONE, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     exit_reason = models.TextField(blank=True)
+    # What ended this attempt, as on Job; a retried job's attempts keep their own.
+    exit_trigger_message = models.TextField(null=True, blank=True)
+    exit_trigger_role = models.CharField(max_length=64, null=True, blank=True)
+    exit_trigger_index = models.PositiveIntegerField(null=True, blank=True)
     # A job with more than one task gets its own Docker network per engine,
     # with this subnet, so its tasks get addresses known before they start.
     subnet = models.CharField(max_length=64, blank=True)

@@ -121,8 +121,10 @@ def test_judge_names_the_count_and_the_first_failure_when_several_are_needed():
 def test_judge_counts_only_the_role_that_sets_min_succeeded_task_count():
     spec = spec_of(role("ps", tasks=2), role("w", tasks=2, minSucceededTaskCount=2))
     assert judge(spec, results(("ps", 0, "SUCCEEDED"), ("ps", 1, "SUCCEEDED"), ("w", 0, "SUCCEEDED"), ("w", 1, None))) is None
-    verdict = judge(spec, results(("ps", 0, None), ("ps", 1, None), ("w", 0, "SUCCEEDED"), ("w", 1, "SUCCEEDED")))
-    assert verdict == judge(spec, results(("w", 1, "SUCCEEDED"), ("w", 0, "SUCCEEDED")))
+    last = TaskResult("w", 1, "SUCCEEDED")
+    verdict = judge(spec, results(("ps", 0, None), ("ps", 1, None), ("w", 0, "SUCCEEDED"), ("w", 1, "SUCCEEDED")),
+                    last=last)
+    assert verdict == judge(spec, results(("w", 1, "SUCCEEDED"), ("w", 0, "SUCCEEDED")), last=last)
     assert verdict.reason == "2 tasks of role w succeeded (minSucceededTaskCount is 2)"
 
 

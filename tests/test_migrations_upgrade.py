@@ -37,7 +37,8 @@ from django.db.utils import load_backend
 from jobs.spec import JobSpec, parse_config_text
 
 FIRST = [("jobs", "0001_initial")]
-# Every table exists from here on; later migrations only index and repair.
+# Every table exists from here on; later migrations index, repair and add
+# columns (0020's exit triggers).
 ALL_TABLES = [("jobs", "0010_image_pulls")]
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 11, 20, 8, 30, 15, 123456, tzinfo=UTC)
@@ -410,6 +411,16 @@ def assert_added_columns_empty(apps: Apps) -> None:
     assert set(nodes) == {(None, "", "", "")}
 
 
+def assert_exit_triggers_unknown(apps: Apps) -> None:
+    """Jobs and attempts that ended before 0020 name no trigger: which task
+    ended them was not recorded, and 0020 does not guess it."""
+    for model in ("Job", "JobAttempt"):
+        rows = apps.get_model("jobs", model).objects
+        assert rows.filter(state__in=["SUCCEEDED", "FAILED", "STOPPED"]).exists(), model
+        assert set(rows.values_list("exit_trigger_message", "exit_trigger_role", "exit_trigger_index")) == {
+            (None, None, None)}, model
+
+
 def assert_nodes_repaired(apps: Apps, filled: Filled) -> None:
     Node = apps.get_model("jobs", "Node")
     for name, (gpus, cordoned_by) in REPAIRED.items():
@@ -461,6 +472,7 @@ def test_it_upgrades_a_filled_database_from_0001_keeping_every_row(tmp_path: Pat
 
         latest = migrate(connection)
         assert without_repairs(changes(before, snapshot(latest)), filled) == []
+        assert_exit_triggers_unknown(latest)
         assert_nodes_repaired(latest, filled)
         assert_configs_readable(latest, filled)
         assert_names_searchable(connection, filled)

@@ -17,7 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs import queues
-from jobs.completion import Outcome, TaskResult, Verdict, judge
+from jobs.completion import Outcome, TaskResult, Trigger, Verdict, judge
 from jobs.models import (
     ACTIVE_TASK_STATES,
     FINAL_STATES,
@@ -54,7 +54,7 @@ def job_stop(*, job: Job, by: User) -> Job:
         now = timezone.now()
         reason = f"stopped by {by.username}"
         if job.state == State.WAITING:
-            _finish_job(job, State.STOPPED, ExitType.USER_STOP, reason, None, now)
+            _finish_job(job, State.STOPPED, ExitType.USER_STOP, reason, None, now, Trigger(reason))
             _stop_attempt_tasks(job, ExitType.USER_STOP, stops)
         else:
             Job.objects.filter(pk=job.pk).update(
@@ -113,6 +113,11 @@ def _stop_attempt_tasks(job: Job, reason: str, stops: list[tuple[str, int]]) -> 
     stops.extend(launched.values_list("node_name", "pk"))
 
 
+# A stop names no task, as OpenPAI's stops do not; unlike OpenPAI (whose
+# trigger is then null) the message still says who ended the job.
+IDLE_GPUS_TRIGGER = Trigger("stopped by the platform: its GPUs stayed idle past the cluster's grace period")
+
+
 def _maybe_finish_stopping(job_id: int, now: datetime) -> None:
     job = Job.objects.get(pk=job_id)
     if job.state != State.STOPPING:
@@ -121,21 +126,28 @@ def _maybe_finish_stopping(job_id: int, now: datetime) -> None:
         return
     # Reclaimed first: a user's stop asked meanwhile changes nothing of why.
     if TaskAttempt.objects.filter(job=job, number=job.attempt_number, stop_reason=ExitType.IDLE_GPUS).exists():
-        _finish_job(job, State.STOPPED, ExitType.IDLE_GPUS, ExitType.IDLE_GPUS.label, None, now)
+        _finish_job(job, State.STOPPED, ExitType.IDLE_GPUS, ExitType.IDLE_GPUS.label, None, now, IDLE_GPUS_TRIGGER)
         return
     who = job.stop_requested_by.username if job.stop_requested_by else "a user"
-    _finish_job(job, State.STOPPED, ExitType.USER_STOP, f"stopped by {who}", None, now)
+    reason = f"stopped by {who}"
+    _finish_job(job, State.STOPPED, ExitType.USER_STOP, reason, None, now, Trigger(reason))
 
 
-def _finish_job(job: Job, state: str, exit_type: str, reason: str, exit_code: int | None, now: datetime) -> None:
+def _trigger_columns(trigger: Trigger) -> dict[str, str | int | None]:
+    """A trigger as the columns Job and JobAttempt store it in."""
+    return {"exit_trigger_message": trigger.message, "exit_trigger_role": trigger.role,
+            "exit_trigger_index": trigger.index}
+
+
+def _finish_job(job: Job, state: str, exit_type: str, reason: str, exit_code: int | None, now: datetime,
+                trigger: Trigger) -> None:
     """`job` as read under its row lock: its state is the one it leaves."""
-    finished = Job.objects.filter(pk=job.pk).exclude(state__in=FINAL_STATES).update(
-        state=state, exit_type=exit_type, exit_reason=reason, exit_code=exit_code, finished_at=now,
-        waiting_reason="",
-    )
+    ended = {"state": state, "exit_type": exit_type, "exit_reason": reason, "exit_code": exit_code,
+             "finished_at": now, **_trigger_columns(trigger)}
+    finished = Job.objects.filter(pk=job.pk).exclude(state__in=FINAL_STATES).update(**ended, waiting_reason="")
     if finished:
         notifications.job_state_changed(job=job, previous=job.state, state=state, reason=reason, at=now)
-    JobAttempt.objects.filter(job=job, number=job.attempt_number).exclude(state__in=FINAL_STATES).update(state=state, exit_type=exit_type, exit_reason=reason, exit_code=exit_code, finished_at=now)
+    JobAttempt.objects.filter(job=job, number=job.attempt_number).exclude(state__in=FINAL_STATES).update(**ended)
     _free_subnet_if_idle(job.pk, job.attempt_number)
 
 
@@ -255,7 +267,8 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
                 TaskResult(a.task.role, a.task.index, None if a.state in ACTIVE_TASK_STATES else a.state, a.exit_reason)
                 for a in TaskAttempt.objects.filter(job=job, number=attempt.number).select_related("task")
             ]
-            verdict = judge(spec, results)
+            # This exit is the trigger of any verdict it brings about.
+            verdict = judge(spec, results, last=TaskResult(attempt.task.role, attempt.task.index, state, reason))
             if verdict is not None:
                 _conclude_attempt(job, job_attempt, verdict, stops, now)
         _free_subnet_if_idle(job.pk, attempt.number)
@@ -275,7 +288,8 @@ def _conclude_attempt(job: Job, job_attempt: JobAttempt, verdict: Verdict, stops
     _stop_attempt_tasks(job, ExitType.COMPLETED, stops)
     if verdict.outcome == Outcome.FAILED and job.attempt_number <= job.retry_limit:
         JobAttempt.objects.filter(pk=job_attempt.pk).update(
-            state=State.FAILED, exit_type=exit_type, exit_code=exit_code, exit_reason=verdict.reason, finished_at=now
+            state=State.FAILED, exit_type=exit_type, exit_code=exit_code, exit_reason=verdict.reason, finished_at=now,
+            **_trigger_columns(verdict.trigger),
         )
         number = job.attempt_number + 1
         JobAttempt.objects.create(job=job, number=number)
@@ -285,7 +299,7 @@ def _conclude_attempt(job: Job, job_attempt: JobAttempt, verdict: Verdict, stops
         )
         return
     state = State.SUCCEEDED if verdict.outcome == Outcome.SUCCEEDED else State.FAILED
-    _finish_job(job, state, exit_type, verdict.reason, exit_code, now)
+    _finish_job(job, state, exit_type, verdict.reason, exit_code, now, verdict.trigger)
 
 
 def attempt_keep_for_debug(attempt_id: int) -> None:

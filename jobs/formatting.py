@@ -86,6 +86,25 @@ def exit_words(item: Ended) -> str:
     return words[:1].upper() + words[1:]
 
 
+class Triggered(Protocol):
+    """A job or job attempt, as far as what ended it goes."""
+
+    exit_trigger_message: str | None
+    exit_trigger_role: str | None
+    exit_trigger_index: int | None
+
+
+def exit_trigger_words(item: Triggered) -> str:
+    """The task whose completion ended a job or attempt, and the rule it
+    fired: "task worker-2 (minFailedTaskCount 1 of role worker reached: 1
+    task failed)". Empty for an end no task triggered (a stop), whose exit
+    words already say who ended it."""
+    if item.exit_trigger_role is None or item.exit_trigger_index is None:
+        return ""
+    task = f"task {item.exit_trigger_role}-{item.exit_trigger_index}"
+    return f"{task} ({item.exit_trigger_message})" if item.exit_trigger_message else task
+
+
 def short_id(container_id: str) -> str:
     """A container id as `docker ps` shows it."""
     return container_id[:12]

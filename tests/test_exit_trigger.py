@@ -3,21 +3,29 @@ appExitTriggerTaskRoleName and appExitTriggerTaskIndex.
 
 The pure rule first (`judge`'s trigger), then each completion rule end to
 end through the services as tests/test_lifecycle.py drives them (the test
-plays the node agent). A stop names no task: its message says who stopped it.
+plays the node agent), then the API (v1 status, v2 status and job attempts)
+and the job page. A stop names no task: its message says who stopped it.
 
-Users: alice (owner); each test makes its own.
+Users: alice (owner), bob (another user); each test makes its own.
 """
 
 from __future__ import annotations
 
-import pytest
+import json
+from datetime import timedelta
+from typing import Any
 
-from jobs import services
+import pytest
+from django.test import Client
+
+from jobs import formatting, services
+from jobs.api import openapi, openapi_v2
 from jobs.completion import TaskResult, Trigger, judge
 from jobs.models import ExitType, Job, JobAttempt, State
-from jobs.services import lifecycle
+from jobs.services import lifecycle, tokens
 from tests.helpers import config, hold_vc, role, submit
 from tests.test_lifecycle import exit_, fresh, gpu_job, node, results, spec_of, start  # noqa: F401  (node: a fixture)
+from tests.test_pages import ended_job
 
 
 def trigger_of(row: Job | JobAttempt) -> tuple[str | None, str | None, int | None]:
@@ -72,6 +80,16 @@ def test_judge_names_the_last_counted_task_when_it_is_not_told_which_completed()
     assert (judge(spec, failed).trigger.role, judge(spec, failed).trigger.index) == ("w", 1)
     # A `last` the firing rule did not count (it ended another way) is not named either.
     assert judge(spec, failed, last=TaskResult("w", 2, "SUCCEEDED")).trigger.index == 1
+
+
+def test_the_page_words_a_task_trigger_and_leave_a_stop_to_the_exit_words():
+    failed = Job(exit_trigger_message="minFailedTaskCount 1 of role worker reached: 1 task failed",
+                 exit_trigger_role="worker", exit_trigger_index=2)
+    assert formatting.exit_trigger_words(failed) == (
+        "task worker-2 (minFailedTaskCount 1 of role worker reached: 1 task failed)")
+    assert formatting.exit_trigger_words(Job(exit_trigger_role="worker", exit_trigger_index=0)) == "task worker-0"
+    assert formatting.exit_trigger_words(Job(exit_trigger_message="stopped by alice")) == ""
+    assert formatting.exit_trigger_words(Job()) == ""
 
 
 # ------------------------------------------------- each rule, through the services
@@ -186,3 +204,140 @@ def test_idle_gpus_reclaimed_names_the_platform_and_no_task(alice, node):
     assert (job.state, job.exit_type) == (State.STOPPED, ExitType.IDLE_GPUS)
     assert trigger_of(job) == (lifecycle.IDLE_GPUS_TRIGGER.message, None, None)
     assert "stopped by the platform" in job.exit_trigger_message
+
+
+# ------------------------------------------------------------------ the API
+
+
+def _api(user) -> Client:
+    return Client(HTTP_AUTHORIZATION=f"Bearer {tokens.token_create(user=user, lifetime=timedelta(hours=1)).key}")
+
+
+def _triggers(body: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return body["appExitTriggerMessage"], body["appExitTriggerTaskRoleName"], body["appExitTriggerTaskIndex"]
+
+
+def _retried_job(alice, node) -> Job:
+    """Attempt 1 failed by main-1; attempt 2 succeeded when main-0, the last
+    of its tasks, completed."""
+    job = gpu_job(alice, node, role(tasks=2), retryCount=1)
+    assert exit_(start(job)["main-1"], 3)
+    second = start(job)
+    assert exit_(second["main-1"], 0) and exit_(second["main-0"], 0)
+    return fresh(job)
+
+
+FIRST = ("minFailedTaskCount 1 of role main reached: 1 task failed", "main", 1)
+SECOND = ("all tasks completed: 2 of 2 succeeded", "main", 0)
+
+
+def test_the_status_says_what_ended_the_job_in_v1_and_v2(alice, bob, node):
+    job = _retried_job(alice, node)
+    for path in (f"/api/v1/user/{alice.username}/jobs/{job.name}", f"/api/v2/jobs/{alice.username}~{job.name}"):
+        answer = _api(alice).get(path)
+        assert answer.status_code == 200
+        status = answer.json()["jobStatus"]
+        assert _triggers(status) == SECOND
+        # The fields beside it are as they were.
+        assert (status["state"], status["appExitCode"], status["appExitType"]) == (State.SUCCEEDED, 0, "SUCCEEDED")
+        assert status["appExitDiagnostics"] == "all tasks succeeded"
+        assert status["retryDetails"] == {"user": 1, "platform": 0, "resource": 0}
+        # Another user and an anonymous client get none of it.
+        assert _api(bob).get(path).status_code == 404
+        assert Client().get(path).status_code == 401
+    v2 = _api(alice).get(f"/api/v2/jobs/{alice.username}~{job.name}").json()
+    assert [_triggers(a) for a in v2["jobAttempts"]] == [FIRST, SECOND]
+
+
+def test_each_job_attempt_says_what_ended_it(alice, bob, node):
+    job = _retried_job(alice, node)
+    base = f"/api/v2/jobs/{alice.username}~{job.name}/job-attempts"
+    answer = _api(alice).get(base)
+    attempts = json.loads(b"".join(answer.streaming_content))
+    assert [_triggers(a) for a in attempts] == [FIRST, SECOND]
+    assert [a["exitCode"] for a in attempts] == [3, 0]  # unchanged beside them
+    assert _triggers(_api(alice).get(f"{base}/1").json()) == FIRST
+    assert _triggers(_api(alice).get(f"{base}/2").json()) == SECOND
+    for path in (base, f"{base}/1"):
+        assert _api(bob).get(path).status_code == 404
+        assert Client().get(path).status_code == 401
+
+
+def test_a_running_job_and_a_job_ended_before_triggers_were_kept_answer_null(alice, node):
+    running = gpu_job(alice, node)
+    start(running)
+    old = ended_job(alice, "ended_before_0020", State.FAILED, exit_type=ExitType.USER_EXIT, exit_code=1)
+    for job in (running, old):
+        for path in (f"/api/v1/user/{alice.username}/jobs/{job.name}", f"/api/v2/jobs/{alice.username}~{job.name}"):
+            answer = _api(alice).get(path)
+            assert answer.status_code == 200
+            assert _triggers(answer.json()["jobStatus"]) == (None, None, None)
+        attempts = _api(alice).get(f"/api/v2/jobs/{alice.username}~{job.name}").json()["jobAttempts"]
+        assert [_triggers(a) for a in attempts] == [(None, None, None)]
+
+
+def test_a_stopped_jobs_status_names_who_stopped_it_and_no_task(alice, node):
+    job = gpu_job(alice, node)
+    task = start(job)["main-0"]
+    services.job_stop(job=job, by=alice)
+    assert exit_(task, 137)
+    status = _api(alice).get(f"/api/v2/jobs/{alice.username}~{job.name}").json()
+    assert _triggers(status["jobStatus"]) == _triggers(status["jobAttempts"][0]) == (
+        f"stopped by {alice.username}", None, None)
+
+
+def _described(schema: dict[str, Any]) -> dict[str, Any]:
+    return schema["properties"]
+
+
+def _check_described(answer: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Every field answered is described, and null only where it may be."""
+    properties = _described(schema)
+    for key, value in answer.items():
+        assert key in properties, key
+        assert value is not None or properties[key].get("nullable"), key
+
+
+def test_the_descriptions_have_the_fields_as_answered(alice, node):
+    job = _retried_job(alice, node)
+    running = gpu_job(alice, node)
+    start(running)
+    v1_job_status = openapi.description()["components"]["schemas"]["JobStatus"]["properties"]["jobStatus"]
+    v2_attempt = openapi_v2.description()["components"]["schemas"]["JobAttempt"]
+    for each in (job, running):
+        status = _api(alice).get(f"/api/v2/jobs/{alice.username}~{each.name}").json()
+        _check_described(status["jobStatus"], v1_job_status)
+        for job_attempt in status["jobAttempts"]:
+            _check_described(job_attempt, v2_attempt)
+    for name in ("appExitTriggerMessage", "appExitTriggerTaskRoleName", "appExitTriggerTaskIndex"):
+        assert "description" in _described(v1_job_status)[name] and _described(v2_attempt)[name]["nullable"]
+
+
+# ------------------------------------------------------------------ the page
+
+
+def test_the_job_page_says_which_task_ended_the_job(alice, bob, node):
+    job = gpu_job(alice, node, role(tasks=3))
+    tasks = start(job)
+    assert exit_(tasks["main-2"], 3)
+    owner = Client()
+    owner.force_login(alice)
+    html = owner.get(f"/jobs/{job.pk}/").content.decode()
+    assert ('<p class="exit-trigger"><strong>Ended by:</strong> '
+            "task main-2 (minFailedTaskCount 1 of role main reached: 1 task failed)</p>") in html
+    assert html.index('class="exit-words"') < html.index('class="exit-trigger"') < html.index('class="exit-solution"')
+    other = Client()
+    other.force_login(bob)
+    assert other.get(f"/jobs/{job.pk}/").status_code == 404
+    assert Client().get(f"/jobs/{job.pk}/").status_code == 302  # to the login page
+
+
+def test_the_job_page_of_a_stopped_job_says_who_once(alice, node):
+    job = gpu_job(alice, node)
+    task = start(job)["main-0"]
+    services.job_stop(job=job, by=alice)
+    assert exit_(task, 137)
+    owner = Client()
+    owner.force_login(alice)
+    html = owner.get(f"/jobs/{job.pk}/").content.decode()
+    assert f"stopped by {alice.username}" in html and "Ended by:" not in html

@@ -42,6 +42,20 @@ INTEGER: Schema = {"type": "integer"}
 BOOLEAN: Schema = {"type": "boolean"}
 NUMBER: Schema = {"type": "number"}
 MILLIS: Schema = {"type": "integer", "description": "milliseconds since the epoch"}
+# What ended a job or job attempt (OpenPAI's names), in the job status and
+# in each v2 job attempt.
+EXIT_TRIGGER: dict[str, Schema] = {
+    "appExitTriggerMessage": nullable({
+        "type": "string",
+        "description": "what ended it: the completion rule that fired (minFailedTaskCount, minSucceededTaskCount, "
+                       "killAllOnCompletedTaskNumber, or all tasks completed), or who stopped it; null until it "
+                       "ends"}),
+    "appExitTriggerTaskRoleName": nullable({
+        "type": "string", "description": "the task role of the task whose completion fired the rule; null for a stop"}),
+    "appExitTriggerTaskIndex": nullable({
+        "type": "integer", "minimum": 0,
+        "description": "that task's index in its role; null for a stop"}),
+}
 
 ERROR_TEXT = {
     400: "Invalid parameters (InvalidParametersError, with every problem in the message), or a bad login.",
@@ -226,7 +240,8 @@ def _schemas() -> dict[str, Schema]:
                 "appLaunchedTime": nullable(MILLIS),
                 "appCompletedTime": nullable(MILLIS), "appExitCode": nullable(INTEGER),
                 "appExitSpec": nullable(ref("ExitSpec")),
-                "appExitDiagnostics": STRING, "appExitType": nullable(STRING), "virtualCluster": STRING,
+                "appExitDiagnostics": STRING, **EXIT_TRIGGER,
+                "appExitType": nullable(STRING), "virtualCluster": STRING,
             }, ["username", "state", "subState", "executionType", "retries", "createdTime", "virtualCluster"]),
             "taskRoles": {"type": "object", "additionalProperties": obj({
                 "taskRoleStatus": obj({"name": STRING}, ["name"]),

@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from jobs import exit_spec
-from jobs.models import ExitType, Job, State, Task, TaskAttempt, User
+from jobs.models import ExitType, Job, JobAttempt, State, Task, TaskAttempt, User
 from jobs.services.cluster import Amount, VcUsage
 
 # The fields a job list needs; the heavy ones (config, keys) stay in the database.
@@ -149,10 +149,22 @@ def job_status(job: Job, task_roles: dict[str, Any], *, retried_exit_types: list
             "appExitCode": job.exit_code,
             "appExitSpec": exit_spec.as_openpai(job.exit_type, job.exit_code),
             "appExitDiagnostics": job.exit_reason or job.waiting_reason or "",
+            **exit_trigger(job),
             "appExitType": job.exit_type or None,
             "virtualCluster": job.virtual_cluster.name,
         },
         "taskRoles": task_roles,
+    }
+
+
+def exit_trigger(ended: Job | JobAttempt) -> dict[str, Any]:
+    """OpenPAI's appExitTrigger* of a job or job attempt: the completion rule
+    that ended it and the task that fired it (no task for a stop). All null
+    until it ends, and for one that ended before they were recorded."""
+    return {
+        "appExitTriggerMessage": ended.exit_trigger_message or None,
+        "appExitTriggerTaskRoleName": ended.exit_trigger_role or None,
+        "appExitTriggerTaskIndex": ended.exit_trigger_index,  # 0 is a task's index, not "none"
     }
 
 

@@ -36,6 +36,7 @@ register.filter("mb", formatting.mb)
 register.filter("num", formatting.num)
 register.filter("percent_of", formatting.percent_of)
 register.filter("exit_words", formatting.exit_words)
+register.filter("exit_trigger_words", formatting.exit_trigger_words)
 register.filter("short_id", formatting.short_id)
 
 

@@ -1,17 +1,24 @@
 """Engine.run's `alongside`: the launch's own work done while the real
 Docker engine creates the container, always before the container starts;
-when that work fails, no container is left behind."""
+when that work fails, no container is left behind. And the node's runner
+around it: its two retries (an image gone, a default bridge that stopped
+isolating) on the real engine."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
 
 import docker
 import pytest
 
 from jobs.node import launcher
+from jobs.node.images import ImageGate, PrivateImages
 from jobs.node.launcher.docker import DockerEngine
+from jobs.node.runner import DefaultNetwork, Runner
 from tests.helpers import BUSYBOX_IMAGE
 
 pytestmark = pytest.mark.services
@@ -92,3 +99,83 @@ def test_a_missing_image_is_told_after_alongside_ran(engine, network, own_instan
     with pytest.raises(launcher.ImageMissing):
         engine.run(spec, alongside=lambda: ran.append(True))
     assert ran == [True] and _state(spec.name) is None
+
+
+# ------------------------------------------- the runner's two retries, wired
+
+
+class _RestartedEngine:
+    """The real engine, but for its answers about its default bridge, given
+    in turn (the last repeats): as if it were restarted without --icc=false
+    between two of them. Scripted at our own interface (launcher.Engine)."""
+
+    def __init__(self, real: DockerEngine, answers: list[str]) -> None:
+        self.real, self.answers = real, answers
+
+    def isolating_default_network(self) -> str:
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+def _runner(engine) -> tuple[Runner, list[dict | None]]:
+    """A Runner over `engine` with only what _create_and_start uses; each
+    outputDir it makes records the container's state at that moment."""
+    runner = Runner.__new__(Runner)
+    runner.engine = engine
+    runner._default_network = DefaultNetwork(engine)
+    runner._images = ImageGate(engine, PrivateImages(Path("/nonexistent/private-images")))
+    runner._network_locks = [threading.Lock() for _ in range(16)]
+    made: list[dict | None] = []
+    runner._make_output_dir = lambda ctx: made.append(_state(ctx.name))
+    return runner, made
+
+
+def _one_task(spec: launcher.ContainerSpec) -> SimpleNamespace:
+    return SimpleNamespace(name=spec.name, attempt=SimpleNamespace(ip=""), job=SimpleNamespace(pk=0))
+
+
+def test_a_task_put_on_a_default_bridge_that_stopped_isolating_starts_on_our_network(docker_engine, own_instance):
+    real = DockerEngine(docker_engine)
+    if real.isolating_default_network() != "bridge":
+        pytest.skip("the engine does not isolate its default bridge (scripts/lib.sh starts it so)")
+    engine = _RestartedEngine(real, ["bridge", ""])
+    runner, made = _runner(engine)
+    assert runner._default_network.choose() == ("bridge", False)
+    network, kept = runner._network(_one_task(_spec(own_instance, "bridge")))
+    assert (network, kept) == ("bridge", True)
+    spec = _spec(own_instance, network)
+    container_id = runner._create_and_start(_one_task(spec), spec, kept_answer=kept, ensure_image=lambda: None)
+    try:
+        found = docker.from_env().api.inspect_container(container_id)
+        assert found["State"]["Running"] and list(found["NetworkSettings"]["Networks"]) == [f"{own_instance}-shared"]
+        assert found["Name"] == f"/{spec.name}"  # the one on the bridge was removed, not left beside it
+        assert len(made) == 1 and made[0] is not None and not made[0]["Running"]  # outputDir, before the start
+    finally:
+        real.remove(container_id)
+        real.remove_network(f"{own_instance}-shared")
+
+
+def test_an_image_removed_since_the_node_saw_it_is_made_sure_of_and_outputdir_made_before_the_start(
+        docker_engine, own_instance, network):
+    real = DockerEngine(docker_engine)
+    runner, made = _runner(real)
+    spec = _spec(own_instance, network)
+    spec.image = f"pai-local/gone-{uuid.uuid4().hex[:8]}:latest"
+    client = docker.from_env()
+    pulled: list[str] = []
+
+    def ensure_image() -> None:  # what a pull would do: the image is there again
+        client.images.get(BUSYBOX_IMAGE).tag(spec.image)
+        pulled.append(spec.image)
+
+    try:
+        container_id = runner._create_and_start(_one_task(spec), spec, kept_answer=False, ensure_image=ensure_image)
+        try:
+            assert pulled == [spec.image] and real.state(container_id).running
+            assert len(made) == 2 and not made[-1]["Running"]  # each try made it before any start
+        finally:
+            real.remove(container_id)
+    finally:
+        client.images.remove(spec.image)

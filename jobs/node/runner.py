@@ -12,6 +12,7 @@ by concurrent launches). Everything after the start is a TaskWatcher's
 from __future__ import annotations
 
 import calendar
+import functools
 import ipaddress
 import json
 import logging
@@ -19,6 +20,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from django.conf import settings
@@ -350,21 +352,39 @@ class Runner:
             files=peer_ssh_files(ctx) if len(ctx.peers) > 1 else {},
         )
         timing.mark("prepared")
+        return self._create_and_start(ctx, spec, kept_answer=kept_answer, ensure_image=ensure_image)
 
-        def before_start() -> None:  # while Docker creates the container
-            if kept_answer:
-                self._default_network.check(network if network != shared_network_name() else "")
-            self._make_output_dir(ctx)
+    def _create_and_start(self, ctx: LaunchContext, spec: launcher.ContainerSpec, *, kept_answer: bool,
+                          ensure_image: Callable[[], None]) -> str:
+        """The container, created and started. While Docker creates it,
+        outputDir is made and, if its network was chosen on a kept answer,
+        the engine is asked again about its default bridge. Once each: an
+        image removed since this node saw it is made sure of again, and a
+        default bridge that stopped isolating sends the task to our network."""
+        image_again = network_again = False
+        while True:
+            # The default bridge this try puts the task on by a kept answer ("": ours, safe either way).
+            chosen = spec.network if spec.network != shared_network_name() else ""
+            try:
+                return self.engine.run(spec, alongside=functools.partial(self._before_start, ctx,
+                                                                         check=kept_answer, chosen=chosen))
+            except launcher.ImageMissing:
+                if image_again:
+                    raise
+                image_again = True
+                self._images.forget(spec.image)
+                ensure_image()
+            except DefaultNetworkChanged:
+                if network_again:
+                    raise
+                network_again = True
+                network, kept_answer = self._network(ctx)  # by the engine's answer just now
+                spec = replace(spec, network=network)
 
-        try:
-            return self.engine.run(spec, alongside=before_start)
-        except launcher.ImageMissing:  # removed since this node saw it: make sure of it again, once
-            self._images.forget(image)
-            ensure_image()
-            return self.engine.run(spec)
-        except DefaultNetworkChanged:
-            network, _ = self._network(ctx)  # from the engine's answer just now
-            return self.engine.run(replace(spec, network=network), alongside=lambda: self._make_output_dir(ctx))
+    def _before_start(self, ctx: LaunchContext, *, check: bool, chosen: str) -> None:
+        if check:
+            self._default_network.check(chosen)
+        self._make_output_dir(ctx)
 
     def _registry_auth(self, ctx: LaunchContext) -> launcher.RegistryAuth | None:
         """The credentials in the job's authFile, read as its owner. Only

@@ -10,6 +10,7 @@ call.
 from __future__ import annotations
 
 import io
+import logging
 import ipaddress
 import re
 import socket
@@ -35,6 +36,8 @@ from jobs.node.launcher import (
 from jobs.node.launcher import ENGINE_MARKER_NAME, LABEL_ENGINE_MARKER
 from jobs.node.launcher.docker_logs import SocketLogStream, logs_request
 from jobs.node.launcher import ContainerUsage, cgroups
+
+log = logging.getLogger(__name__)
 
 PROLOGUE = (Path(__file__).with_name("prologue.sh")).read_text()
 # Docker's own name for its default bridge network.
@@ -275,18 +278,20 @@ class DockerEngine:
     def _creators(self) -> ThreadPoolExecutor:
         with self._creators_lock:
             if self._creator_pool is None:
-                self._creator_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="container-create")
+                # More than a node agent's launch threads (runner.LAUNCH_THREADS):
+                # a create never waits for another's. Threads are made as needed.
+                self._creator_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="container-create")
             return self._creator_pool
 
     def _discard(self, creating: Future[str]) -> None:
-        """A container whose launch stopped before its start: not left behind."""
+        """A container whose launch stopped before its start: not left behind.
+        Quiet: the caller raises the reason the launch stopped."""
         try:
-            container_id = creating.result()
-        except Exception:
-            return
-        self.remove(container_id)
+            self.remove(creating.result())
+        except Exception:  # not created; or the engine refused: the next launch's create adopts or replaces it
+            log.warning("a container created for a launch that stopped could not be removed", exc_info=True)
 
-    def _create(self, spec: ContainerSpec) -> str:
+    def _create(self, spec: ContainerSpec, *, adopt: bool = True) -> str:
         port_bindings = {f"{p}/tcp": (spec.port_addresses.get(p, spec.bind_address), p) for p in spec.ports}
         device_requests = (
             [DeviceRequest(driver="nvidia", device_ids=spec.gpu_device_ids, capabilities=[["gpu"]])]
@@ -316,13 +321,24 @@ class DockerEngine:
         except docker.errors.ImageNotFound:
             raise ImageMissing(spec.image) from None
         except docker.errors.APIError as exc:
-            if exc.status_code != 409:
+            if exc.status_code != 409 or not adopt:
                 self._networks_known.discard(spec.network)
                 raise LaunchError("PLATFORM", f"could not create the container: {exc.explanation or exc}") from None
-            container_id = self.api.inspect_container(spec.name)["Id"]
+            container_id = self._adopt(spec)
         if spec.files:
             self.api.put_archive(container_id, "/", _tar(spec.files))
         return container_id
+
+    def _adopt(self, spec: ContainerSpec) -> str:
+        """The container of this name a launch before this one made (the
+        agent crashed, or that launch stopped before the start and could
+        not remove it). One made for another network (a default bridge that
+        has since stopped isolating) is not started: it is made again."""
+        found = self.api.inspect_container(spec.name)
+        if (found.get("HostConfig") or {}).get("NetworkMode") == spec.network:
+            return found["Id"]
+        self.remove(found["Id"])
+        return self._create(spec, adopt=False)
 
     def _start(self, container_id: str) -> None:
         try:

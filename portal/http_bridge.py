@@ -39,6 +39,10 @@ from a2wsgi.wsgi import Body, WSGIMiddleware, WSGIResponder, build_environ
 
 PREREAD_BYTES = 256 * 1024
 READ_AHEAD_BYTES = 1024 * 1024
+# A streamed response whose client takes nothing for this long is let go:
+# its thread (and its user's stream slot, jobs/services/stream_slots.py)
+# goes back to others. Minutes: a browser's paused download, a slow link.
+STALLED_SEND_SECONDS = 300.0
 
 
 class _PiecesBody(Body):
@@ -148,6 +152,12 @@ class _Responder(WSGIResponder):
         self.holding = True
         self.send_to_client: Any = None
         self.sender_task: asyncio.Task[None] | None = None  # only for a streaming response
+        self.receive: Any = None
+        self.body: Body | None = None
+        # A streaming response's client went away (or stopped reading): set
+        # on the loop, read by the view's thread between two parts.
+        self.gone = threading.Event()
+        self.watch_task: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         length = _content_length(scope)
@@ -158,7 +168,7 @@ class _Responder(WSGIResponder):
         else:
             body = _PiecesBody(self.loop, receive)  # chunked: a2wsgi's, which can also give its pieces
         environ = build_environ(scope, body)
-        self.send_to_client = send
+        self.send_to_client, self.receive, self.body = send, receive, body
         try:
             func = functools.partial(contextvars.copy_context().run, self.wsgi)
             await self.loop.run_in_executor(self.executor, func, environ, self.start_response)
@@ -173,6 +183,8 @@ class _Responder(WSGIResponder):
         finally:
             if self.sender_task is not None and not self.sender_task.done():
                 self.sender_task.cancel()
+            if self.watch_task is not None and not self.watch_task.done():
+                self.watch_task.cancel()
             if isinstance(body, _ReadAheadBody) and not body.task.done():
                 body.task.cancel()  # the view did not read it all
 
@@ -191,8 +203,36 @@ class _Responder(WSGIResponder):
             super().send(message)
 
     async def _start_sender(self) -> None:
-        """The task that sends what the view's thread queues, in order."""
+        """The task that sends what the view's thread queues, in order, and
+        the one that watches for the client's going away."""
         self.sender_task = self.loop.create_task(self.sender(self.send_to_client))
+        if isinstance(self.body, _ReadAheadBody) and not self.body.task.done():
+            self.body.task.cancel()  # the view has answered: the rest of its body is not read
+        self.watch_task = self.loop.create_task(self._watch_for_disconnect())
+
+    async def _watch_for_disconnect(self) -> None:
+        """uvicorn's send() returns quietly once the client has gone, and
+        a view would go on making its whole response (a log, a file out of
+        HDFS) for no one, holding its thread: only receive() tells. What is
+        left of a request body nobody read is passed over."""
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.gone.set()
+
+    async def sender(self, send: Any) -> None:
+        """a2wsgi's, letting go of a client that takes nothing for
+        STALLED_SEND_SECONDS; once the client is gone, what the view's thread
+        still queues is dropped, so that it never waits on a full queue."""
+        while True:
+            message = await self.send_queue.get()
+            if message is None:
+                break
+            if not self.gone.is_set():
+                try:
+                    await asyncio.wait_for(send(message), STALLED_SEND_SECONDS)
+                except asyncio.TimeoutError:
+                    self.gone.set()
+            self.send_queue.task_done()
 
     def wsgi(self, environ: Any, start_response: Any) -> None:
         iterable: Iterable[bytes] = self.app(environ, start_response)
@@ -200,6 +240,8 @@ class _Responder(WSGIResponder):
             if getattr(iterable, "streaming", True):  # Django's streaming and file responses
                 self._stream()
                 for chunk in iterable:
+                    if self.gone.is_set():  # closed below now, not after its last part
+                        return
                     self.send({"type": "http.response.body", "body": chunk, "more_body": True})
                 self.send({"type": "http.response.body", "body": b""})
             else:

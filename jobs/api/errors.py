@@ -36,6 +36,7 @@ STATUS: dict[str, int] = {
     "MethodNotAllowedError": 405,
     "RequestTooLargeError": 413,
     "TooManyRequestsError": 429,
+    "ServiceUnavailableError": 503,
     "TooManyTokensError": 409,
 }
 

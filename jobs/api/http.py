@@ -235,12 +235,13 @@ def ok(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> J
 def streamed(request: HttpRequest, parts: Iterable[bytes]) -> StreamingHttpResponse:
     """JSON written as `parts` come, one of the caller's limited open
     streams (jobs/services/stream_slots.py): past the limit, 429
-    TooManyRequestsError with Retry-After. Call it once the caller may see
+    TooManyRequestsError with Retry-After (503 ServiceUnavailableError
+    past the web worker's). Call it once the caller may see
     what `parts` holds, so a refused request takes no one's slot."""
     try:
         held = stream_slots.stream_hold(user=request.user, address=client_address(request), content=parts)
     except stream_slots.TooManyStreams as exc:
-        raise ApiError("TooManyRequestsError", exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
+        raise ApiError(exc.code, exc.message, status=exc.status, headers={"Retry-After": str(exc.retry_after)}) from None
     return StreamingHttpResponse(held, content_type="application/json")
 
 

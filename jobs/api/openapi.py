@@ -69,6 +69,8 @@ ERROR_TEXT = {
     429: "Too many requests (TooManyRequestsError): failed logins, job submissions past the per-user "
          "limit, or more streamed answers (whole lists) open at once than STREAMED_RESPONSES_PER_USER; see "
          "Retry-After.",
+    503: "The web worker is sending as many streamed answers as it may at once, all its threads but two "
+         "(ServiceUnavailableError); see Retry-After.",
 }
 
 
@@ -349,7 +351,7 @@ def _paths() -> dict[str, Schema]:
             "get": operation(
                 "List jobs", {**answer(200, "Your jobs (an admin: everyone's), newest first.",
                                        {"type": "array", "items": ref("JobSummary")}, PAGE_HEADERS),
-                              **errors(400, 401, 429)},
+                              **errors(400, 401, 429, 503)},
                 parameters=[query_param("username", "only this user's jobs", STRING), *PAGING], tag="jobs"),
             "post": operation("Submit a job as yourself", {**accepted, **submit_errors},
                               request_body=body(ref("JobConfig")), tag="jobs",
@@ -360,7 +362,7 @@ def _paths() -> dict[str, Schema]:
             "parameters": [USERNAME],
             "get": operation("List a user's jobs", {
                 **answer(200, "The user's jobs, newest first.", {"type": "array", "items": ref("JobSummary")},
-                         PAGE_HEADERS), **errors(400, 401, 403, 429)}, parameters=PAGING, tag="jobs"),
+                         PAGE_HEADERS), **errors(400, 401, 403, 429, 503)}, parameters=PAGING, tag="jobs"),
             "post": operation("Submit a job", {**accepted, **submit_errors}, request_body=body(ref("JobConfig")),
                               tag="jobs", description="The job is named by jobName in the config. Every problem "
                               "with the config is listed in the message (and in `problems`). Refused with 403 "

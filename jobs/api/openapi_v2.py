@@ -116,7 +116,7 @@ def _paths() -> dict[str, Schema]:
         "/jobs/{username}~{name}/job-attempts": {"parameters": JOB_PARAMS, "get": operation(
             "List a job's attempts", {**answer(200, "Every attempt, first first.",
                                                {"type": "array", "items": ref("JobAttempt")}),
-                                     **errors(401, 404, 429)},
+                                     **errors(401, 404, 429, 503)},
             tag="jobs")},
         "/jobs/{username}~{name}/job-attempts/healthz": {"parameters": JOB_PARAMS, "get": operation(
             "Whether job attempts can be listed", {

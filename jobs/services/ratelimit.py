@@ -61,13 +61,14 @@ def client_address(request: HttpRequest) -> str:
     return request.META.get("REMOTE_ADDR", "")[:64] or "unknown"
 
 
-def _digest(value: str) -> str:
+def digest(value: str) -> str:
+    """A short fixed-length stand-in for a name or address in a Redis key."""
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _keys(kind: str, value: str) -> tuple[str, str]:
-    digest = _digest(value)
-    return f"login-fail:{kind}:{digest}:n", f"login-fail:{kind}:{digest}:since"
+    hashed = digest(value)
+    return f"login-fail:{kind}:{hashed}:n", f"login-fail:{kind}:{hashed}:since"
 
 
 def _name(username: str) -> str:
@@ -79,7 +80,7 @@ def _pair(username: str, address: str) -> str:
 
 
 def _trusted_key(username: str, address: str) -> str:
-    return f"login-ok:{_digest(_pair(username, address))}"
+    return f"login-ok:{digest(_pair(username, address))}"
 
 
 def _counters(username: str, address: str) -> list[tuple[tuple[str, str], int]]:
@@ -177,7 +178,7 @@ def action_wait_seconds(*, action: str, who: str, limit: int, window: int) -> in
     the queues' shared connection: it is asked on every API submission,
     where Django's cache (a client object built per call, a round trip per
     step) cost as much as storing the job."""
-    key = f"{settings.PAI_INSTANCE}:action:{action}:{_digest(who)}"
+    key = f"{settings.PAI_INSTANCE}:action:{action}:{digest(who)}"
     now = time.time()
     try:
         count, since = _count_action(queues.connection(), key, key + ":since", now, window)

@@ -28,7 +28,7 @@ everyone's downloads to stop one user's.
 from __future__ import annotations
 
 import functools
-import hashlib
+import ipaddress
 import logging
 import os
 import threading
@@ -45,6 +45,7 @@ from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from jobs import queues
+from jobs.services import ratelimit
 from jobs.models import User
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ return 0
 class TooManyStreams(Exception):
     """The holder has STREAMED_RESPONSES_PER_USER streams open already."""
 
+    status = 429
+    code = "TooManyRequestsError"
+
     def __init__(self, *, limit: int, anonymous: bool) -> None:
         self.limit = limit
         self.retry_after = RETRY_AFTER_SECONDS
@@ -100,8 +104,59 @@ class TooManyStreams(Exception):
         super().__init__(self.message)
 
 
+class WorkerBusy(TooManyStreams):
+    """This web worker streams to as many clients as it may
+    (worker_stream_limit()): its other threads stay for everyone's pages."""
+
+    status = 503
+    code = "ServiceUnavailableError"
+
+    def __init__(self, *, limit: int) -> None:
+        Exception.__init__(self)
+        self.limit = limit
+        self.retry_after = RETRY_AFTER_SECONDS
+        self.message = (f"The server is sending as many downloads and whole lists as it can at once ({limit}). "
+                        f"Try again in {self.retry_after} seconds.")
+        self.args = (self.message,)
+
+
+def worker_stream_limit() -> int:
+    """How many streamed responses one web worker sends at once: all its
+    threads (PORTAL_HTTP_THREADS) but two, which stay for pages and API
+    calls however many users download at once; at least one."""
+    return max(1, settings.PORTAL_HTTP_THREADS - 2)
+
+
+class _WorkerStreams:
+    """This process's open streams, against worker_stream_limit(). Weak: a
+    slot dropped without its release (a response never closed, a bug)
+    gives its place back as it is collected, as its Redis entry runs out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: weakref.WeakSet[StreamSlot] = weakref.WeakSet()
+
+    @property
+    def open(self) -> int:
+        return len(self._slots)
+
+    def take(self, slot: StreamSlot) -> None:
+        limit = worker_stream_limit()
+        with self._lock:
+            if len(self._slots) >= limit:
+                raise WorkerBusy(limit=limit)
+            self._slots.add(slot)
+
+    def give_back(self, slot: StreamSlot) -> None:
+        with self._lock:
+            self._slots.discard(slot)
+
+
+_worker_streams = _WorkerStreams()
+
+
 class StreamSlot:
-    """One open stream's place in its holder's set."""
+    """One open stream's place in its holder's set, and in its worker's."""
 
     def __init__(self, key: str, member: str, *, counted: bool) -> None:
         self.key, self.member = key, member
@@ -112,6 +167,7 @@ class StreamSlot:
         if self._released:
             return
         self._released = True
+        _worker_streams.give_back(self)
         _forget(self)
         if not self.counted:
             return
@@ -124,9 +180,10 @@ class StreamSlot:
 class HeldStream(Generic[T]):
     """`content`, holding a stream slot until the response is closed.
 
-    A class and not a generator: Django and the WSGI server call close() on
-    a response that was never read too (a HEAD, a client gone before the
-    first byte), and a generator that never started skips its `finally`."""
+    A class and not a generator: Django and the server call close() on a
+    response that was never read too (its client gone before the first
+    byte: portal/http_bridge.py watches for that), and a generator that
+    never started skips its `finally`."""
 
     def __init__(self, content: Iterable[T], slot: StreamSlot) -> None:
         self._content = content
@@ -156,28 +213,49 @@ def _close(thing: object) -> None:
 
 def holder_of(*, user: User | AnonymousUser, address: str) -> str:
     """Whose limit a stream counts toward: the user's; anonymous callers
-    share their address's."""
-    return f"user:{user.pk}" if user.is_authenticated else f"address:{address}"
+    share their address's, an IPv6 client its /64 (one machine commonly
+    holds a whole /64, and would otherwise have a limit per address)."""
+    if user.is_authenticated:
+        return f"user:{user.pk}"
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return f"address:{address}"
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return f"address:{parsed.ipv4_mapped}"
+        return f"address:{ipaddress.ip_network(f'{parsed}/64', strict=False)}"
+    return f"address:{parsed}"
 
 
 def _key(holder: str) -> str:
-    digest = hashlib.sha256(holder.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{settings.PAI_INSTANCE}:streams:{digest}"
+    return f"{settings.PAI_INSTANCE}:streams:{ratelimit.digest(holder)}"
 
 
 def stream_slot_take(*, holder: str) -> StreamSlot:
-    """A slot for one more open stream of `holder`, or TooManyStreams."""
-    limit = settings.STREAMED_RESPONSES_PER_USER
+    """A slot for one more open stream of `holder`: TooManyStreams past
+    the holder's limit, WorkerBusy past this worker's."""
     slot = StreamSlot(_key(holder), uuid.uuid4().hex, counted=True)
+    _worker_streams.take(slot)
+    try:
+        _take_holders(slot, holder)
+    except BaseException:
+        _worker_streams.give_back(slot)
+        raise
+    return slot
+
+
+def _take_holders(slot: StreamSlot, holder: str) -> None:
+    limit = settings.STREAMED_RESPONSES_PER_USER
     try:
         taken = _script(queues.connection(), _TAKE)(keys=[slot.key], args=[slot.member, limit, SLOT_SECONDS])
     except RedisError:  # Redis is down: never block work on the limiter
         log.warning("stream limit unavailable", exc_info=True)
-        return StreamSlot(slot.key, slot.member, counted=False)
+        slot.counted = False
+        return
     if not taken:
         raise TooManyStreams(limit=limit, anonymous=holder.startswith("address:"))
     _remember(slot)
-    return slot
 
 
 def stream_hold(*, user: User | AnonymousUser, address: str, content: Iterable[T]) -> HeldStream[T]:
@@ -228,6 +306,18 @@ def _remember(slot: StreamSlot) -> None:
 def _forget(slot: StreamSlot) -> None:
     with _held_lock:
         _held.pop(slot.member, None)
+
+
+def _after_fork_in_child() -> None:
+    """A forked process holds none of its parent's streams, and must not
+    inherit a lock some other thread of the parent held at the fork."""
+    global _held, _held_lock, _worker_streams
+    _held = weakref.WeakValueDictionary()
+    _held_lock = threading.Lock()
+    _worker_streams = _WorkerStreams()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _refresh_forever() -> None:

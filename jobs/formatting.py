@@ -99,10 +99,16 @@ def exit_trigger_words(item: Triggered) -> str:
     fired: "task worker-2 (minFailedTaskCount 1 of role worker reached: 1
     task failed)". Empty for an end no task triggered (a stop), whose exit
     words already say who ended it."""
-    if item.exit_trigger_role is None or item.exit_trigger_index is None:
+    return trigger_words(item.exit_trigger_message, item.exit_trigger_role, item.exit_trigger_index)
+
+
+def trigger_words(message: str | None, role: str | None, index: int | None) -> str:
+    """`exit_trigger_words` of the three values (as a webhook payload or
+    e-mail holds them)."""
+    if role is None or index is None:
         return ""
-    task = f"task {item.exit_trigger_role}-{item.exit_trigger_index}"
-    return f"{task} ({item.exit_trigger_message})" if item.exit_trigger_message else task
+    task = f"task {role}-{index}"
+    return f"{task} ({message})" if message else task
 
 
 def short_id(container_id: str) -> str:

@@ -35,7 +35,7 @@ from rq import SimpleWorker
 
 from jobs import queues, services, webhooks
 from jobs.models import NotificationDelivery, NotificationSettings, State
-from jobs.services import notifications, tokens
+from jobs.services import lifecycle, notifications, tokens
 from tests.cluster import ROOT, free_port, wait_for
 from tests.helpers import config, role, submit, wait_state
 from tests.test_lifecycle import exit_, gpu_job, node, start  # noqa: F401  (node: a fixture)
@@ -133,6 +133,11 @@ def drain(redis_server, settings):
     redis = queues.connection()
     for key in redis.keys(f"*{settings.PAI_INSTANCE}*"):
         redis.delete(key)
+
+
+def triggers(event: dict) -> tuple:
+    """A jobStateChanged event's appExitTrigger* (as the job status has them)."""
+    return event["appExitTriggerMessage"], event["appExitTriggerTaskRoleName"], event["appExitTriggerTaskIndex"]
 
 
 def notify_depth() -> int:
@@ -365,9 +370,11 @@ def test_running_and_succeeded_reach_the_webhook_signed_after_commit(drain, rece
     assert sent[State.SUCCEEDED] == {
         "event": "jobStateChanged", "job": f"{alice.username}~{job.name}", "jobName": job.name,
         "user": alice.username, "state": "SUCCEEDED", "previousState": "RUNNING", "exitReason": "all tasks succeeded",
-        "time": sent[State.SUCCEEDED]["time"], "url": f"/jobs/{job.pk}/",
+        "appExitTriggerMessage": "all tasks completed: 1 of 1 succeeded", "appExitTriggerTaskRoleName": "main",
+        "appExitTriggerTaskIndex": 0, "time": sent[State.SUCCEEDED]["time"], "url": f"/jobs/{job.pk}/",
     }
     assert sent[State.RUNNING]["previousState"] == "WAITING" and sent[State.RUNNING]["exitReason"] is None
+    assert triggers(sent[State.RUNNING]) == (None, None, None)  # nothing has ended it
     finished = datetime.fromisoformat(sent[State.SUCCEEDED]["time"].replace("Z", "+00:00"))
     assert abs((finished - job.finished_at).total_seconds()) < 0.01
     delivered = NotificationDelivery.objects.filter(user=alice, job=job)
@@ -394,6 +401,45 @@ def test_failed_and_stopped_carry_their_reasons(drain, receiver, alice, node):
     assert list(by_job[waiting.name]) == [State.STOPPED]
     stopped = by_job[waiting.name][State.STOPPED]
     assert (stopped["previousState"], stopped["exitReason"]) == ("WAITING", f"stopped by {alice.username}")
+
+
+def test_a_job_ended_by_a_rule_sends_the_task_that_fired_it_to_its_owner_only(drain, receiver, alice, bob, node):
+    hook, bobs = receiver(), receiver()
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    notifications.webhook_set(user=bob, url=bobs.url, secret=SECRET)
+    job = gpu_job(alice, node, role(tasks=3))
+    tasks = start(job)
+    assert exit_(tasks["main-0"], 0) and exit_(tasks["main-2"], 3)
+    drain()
+
+    failed = events(hook.wait(2))[State.FAILED]  # signed, as every event
+    assert triggers(failed) == ("minFailedTaskCount 1 of role main reached: 1 task failed", "main", 2)
+    assert failed["exitReason"] == "task main-2 failed: the command exited with code 3"  # as before
+    # Bob hears nothing of Alice's job, and his Profile page shows none of it.
+    assert bobs.requests == []
+    bob_client = Client()
+    bob_client.force_login(bob)
+    assert job.name not in bob_client.get("/profile/").content.decode()
+    assert Client().get("/profile/")["Location"].startswith("/login/")
+
+
+def test_a_stop_sends_who_stopped_the_job_and_no_task(drain, receiver, alice, node):
+    hook = receiver()
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    stopped, reclaimed = gpu_job(alice, node, role(tasks=2)), gpu_job(alice, node, role(tasks=2))
+    stopped_tasks, reclaimed_tasks = start(stopped), start(reclaimed)
+    services.job_stop(job=stopped, by=alice)
+    assert lifecycle.job_reclaim_idle_gpus(job_id=reclaimed.pk, number=1)
+    for task in (*stopped_tasks.values(), *reclaimed_tasks.values()):
+        assert exit_(task, 137)
+    drain()
+
+    by_job = {}
+    for request in hook.wait(4):
+        for state, body in events([request]).items():
+            by_job[(body["jobName"], state)] = body
+    assert triggers(by_job[(stopped.name, State.STOPPED)]) == (f"stopped by {alice.username}", None, None)
+    assert triggers(by_job[(reclaimed.name, State.STOPPED)]) == (lifecycle.IDLE_GPUS_TRIGGER.message, None, None)
 
 
 def test_a_user_without_a_webhook_costs_no_queued_work(drain, alice, bob, receiver):
@@ -583,6 +629,56 @@ extras:
     drain()
     wait_for(lambda: smtp.messages, what="an e-mail")
     assert [message["Subject"] for _to, message in smtp.messages] == [f"Job {alice.username}~{name} is stopped"]
+
+
+def test_the_email_says_which_task_ended_the_job_in_one_line(drain, smtp, alice, node):
+    with_email(alice)
+    notifications.email_states_set(user=alice, states=[State.FAILED])
+    job = gpu_job(alice, node, role(tasks=3))
+    assert exit_(start(job)["main-1"], 3)
+    drain()
+    wait_for(lambda: smtp.messages, what="an e-mail")
+    [(_to, message)] = smtp.messages
+    lines = message.get_payload().splitlines()
+    assert "Reason: task main-1 failed: the command exited with code 3" in lines
+    assert "Ended by: task main-1 (minFailedTaskCount 1 of role main reached: 1 task failed)" in lines
+
+
+def test_the_email_of_a_stop_names_who_stopped_it_once_and_no_task(drain, smtp, alice, node):
+    with_email(alice)
+    notifications.email_states_set(user=alice, states=[State.STOPPED])
+    stopped, reclaimed = gpu_job(alice, node), gpu_job(alice, node)
+    stopped_task, reclaimed_task = start(stopped)["main-0"], start(reclaimed)["main-0"]
+    services.job_stop(job=stopped, by=alice)
+    assert exit_(stopped_task, 137)
+    drain()
+    wait_for(lambda: smtp.messages, what="the stop's e-mail")
+    text = smtp.messages[0][1].get_payload()
+    # The reason says who; no task is named and nothing is said twice.
+    assert f"Reason: stopped by {alice.username}" in text
+    assert text.count(f"stopped by {alice.username}") == 1 and "Ended" not in text and "task " not in text
+
+    # The platform's reclaim says more in its trigger than in its reason.
+    assert lifecycle.job_reclaim_idle_gpus(job_id=reclaimed.pk, number=1)
+    assert exit_(reclaimed_task, 137)
+    drain()
+    wait_for(lambda: len(smtp.messages) == 2, what="the reclaim's e-mail")
+    lines = smtp.messages[1][1].get_payload().splitlines()
+    assert "Reason: idle GPUs reclaimed" in lines
+    assert f"Ended: {lifecycle.IDLE_GPUS_TRIGGER.message}" in lines
+
+
+def test_an_event_or_delivery_from_before_triggers_were_sent_still_goes_out():
+    # Queued by a portal of the previous version: no trigger in the event.
+    event = {"job_id": 1, "owner_id": 1, "job_name": "old", "state": "FAILED", "previous": "RUNNING",
+             "reason": "task main-0 failed", "time": "2026-11-29T10:00:00.000Z"}
+    payload = notifications._payload(event, "alice")
+    assert triggers(payload) == (None, None, None)
+    # Stored by it, tried again now: no trigger keys in the payload at all.
+    old_payload = {k: v for k, v in payload.items() if not k.startswith("appExitTrigger")}
+    for each in (payload, old_payload):
+        text = notifications._email_text(each)
+        assert "Reason: task main-0 failed" in text and "Ended" not in text
 
 
 def test_no_smtp_server_means_no_email_and_no_queued_work(drain, alice, settings):

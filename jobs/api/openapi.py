@@ -435,8 +435,11 @@ def _paths() -> dict[str, Schema]:
                              description="The user or an admin. On every change of one of the user's jobs to "
                                          "RUNNING, SUCCEEDED, FAILED or STOPPED the portal POSTs "
                                          '`{"event": "jobStateChanged", "job": "<user>~<name>", "jobName", "user", '
-                                         '"state", "previousState", "exitReason", "time", "url"}`, signed with the '
-                                         "secret (X-Portal-Signature), and tries again a few times on failure."),
+                                         '"state", "previousState", "exitReason", "appExitTriggerMessage", '
+                                         '"appExitTriggerTaskRoleName", "appExitTriggerTaskIndex", "time", "url"}` '
+                                         "(the appExitTrigger* as in the job status: null for RUNNING and for a "
+                                         "stop's task), signed with the secret (X-Portal-Signature), and tries again "
+                                         "a few times on failure."),
             "delete": operation("Remove a user's webhook", {**answer(200, "Removed (or there was none).", message),
                                                             **errors(400, 401, 403)}, tag="users"),
         },

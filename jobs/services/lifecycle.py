@@ -146,7 +146,8 @@ def _finish_job(job: Job, state: str, exit_type: str, reason: str, exit_code: in
              "finished_at": now, **_trigger_columns(trigger)}
     finished = Job.objects.filter(pk=job.pk).exclude(state__in=FINAL_STATES).update(**ended, waiting_reason="")
     if finished:
-        notifications.job_state_changed(job=job, previous=job.state, state=state, reason=reason, at=now)
+        notifications.job_state_changed(job=job, previous=job.state, state=state, reason=reason, at=now,
+                                        trigger=trigger)
     JobAttempt.objects.filter(job=job, number=job.attempt_number).exclude(state__in=FINAL_STATES).update(**ended)
     _free_subnet_if_idle(job.pk, job.attempt_number)
 

@@ -37,7 +37,8 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import keys, queues, webhooks
+from jobs import formatting, keys, queues, webhooks
+from jobs.completion import Trigger
 from jobs.models import NOTIFY_STATES, Job, NotificationDelivery, NotificationSettings, TaskAttempt, User
 
 log = logging.getLogger(__name__)
@@ -135,13 +136,15 @@ def job_asks(job: Job, state: str) -> bool:
     return isinstance(value, dict) and value.get(state.lower()) is True
 
 
-def job_state_changed(*, job: Job, previous: str, state: str, reason: str = "", at: datetime | None = None) -> None:
+def job_state_changed(*, job: Job, previous: str, state: str, reason: str = "", at: datetime | None = None,
+                      trigger: Trigger | None = None) -> None:
     """The job went from `previous` to `state` in the current transaction:
-    tell its owner after commit, if they (or the job) asked to be told."""
+    tell its owner after commit, if they (or the job) asked to be told.
+    `trigger`: what ended it, for a final state."""
     if state not in NOTIFY_STATES:
         return
     row = NotificationSettings.objects.filter(user_id=job.owner_id).values_list("webhook_url", "email_states").first()
-    _tell_after_commit(job, row, previous=previous, state=state, reason=reason, at=at)
+    _tell_after_commit(job, row, previous=previous, state=state, reason=reason, at=at, trigger=trigger)
 
 
 def jobs_state_changed(*, jobs: list[Job], previous: str, state: str) -> None:
@@ -157,7 +160,7 @@ def jobs_state_changed(*, jobs: list[Job], previous: str, state: str) -> None:
 
 
 def _tell_after_commit(job: Job, row: tuple[str, list] | None, *, previous: str, state: str, reason: str = "",
-                       at: datetime | None = None) -> None:
+                       at: datetime | None = None, trigger: Trigger | None = None) -> None:
     """Enqueue the event after commit if the owner's settings (`row`:
     webhook URL and e-mail states, or None) or the job ask for it."""
     webhook = bool(row and row[0])
@@ -166,6 +169,8 @@ def _tell_after_commit(job: Job, row: tuple[str, list] | None, *, previous: str,
         return
     event = {"job_id": job.pk, "owner_id": job.owner_id, "job_name": job.name, "state": state, "previous": previous,
              "reason": reason, "time": _timestamp(at or timezone.now())}
+    if trigger is not None:
+        event.update(trigger_message=trigger.message, trigger_role=trigger.role, trigger_index=trigger.index)
     transaction.on_commit(lambda: _enqueue(event))
 
 
@@ -184,10 +189,17 @@ def _timestamp(at: datetime) -> str:
 
 
 def _payload(event: dict[str, Any], username: str) -> dict[str, Any]:
+    """The webhook's body (and what the e-mail is written from). The
+    appExitTrigger* fields are the job status's (jobs/api/serializers.py):
+    null for RUNNING, for a stop's task, and for an event queued before
+    they were sent."""
     path = reverse("jobs:detail", args=[event["job_id"]])
     return {
         "event": EVENT, "job": f"{username}~{event['job_name']}", "jobName": event["job_name"], "user": username,
         "state": event["state"], "previousState": event["previous"], "exitReason": event["reason"] or None,
+        "appExitTriggerMessage": event.get("trigger_message") or None,
+        "appExitTriggerTaskRoleName": event.get("trigger_role") or None,
+        "appExitTriggerTaskIndex": event.get("trigger_index"),  # 0 is a task's index, not "none"
         "time": event["time"], "url": f"{settings.PORTAL_URL}{path}",
     }
 
@@ -442,10 +454,28 @@ def _email_text(payload: dict[str, Any]) -> str:
              f"at {payload['time']}."]
     if payload["exitReason"]:
         lines.append(f"Reason: {payload['exitReason']}")
+    ended_by = _email_trigger_line(payload)
+    if ended_by:
+        lines.append(ended_by)
     lines += [f"Job page: {payload['url']}", "",
               "You get this because you asked for it on your Profile page, or the job's config asks for it "
               "(extras.jobStatusChangeNotification)."]
     return "\n".join(lines)
+
+
+def _email_trigger_line(payload: dict[str, Any]) -> str:
+    """What ended the job, as the job page says it: "Ended by: task main-2
+    (minFailedTaskCount ...)". A stop names no task: its message ("stopped
+    by alice") is said once, here only if the reason has not said it.
+    Deliveries stored before the trigger was sent have none."""
+    message = payload.get("appExitTriggerMessage")
+    task = formatting.trigger_words(message, payload.get("appExitTriggerTaskRoleName"),
+                                    payload.get("appExitTriggerTaskIndex"))
+    if task:
+        return f"Ended by: {task}"
+    if message and message.lower() not in (payload.get("exitReason") or "").lower():
+        return f"Ended: {message}"
+    return ""
 
 
 def _send_email(delivery: NotificationDelivery) -> webhooks.Outcome:

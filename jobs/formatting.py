@@ -111,6 +111,24 @@ def trigger_words(message: str | None, role: str | None, index: int | None) -> s
     return f"{task} ({message})" if message else task
 
 
+class EndedAndTriggered(Ended, Triggered, Protocol):
+    """A job or job attempt: its outcome and what ended it."""
+
+
+def attempt_trigger_line(item: EndedAndTriggered) -> str:
+    """What ended a job attempt, in a line short enough for the attempts
+    table, under its exit words: "ended by main-2: minFailedTaskCount 1 of
+    role main reached: 1 task failed". A stop names no task: its message
+    ("stopped by the platform: ..."), unless the exit words say it already."""
+    message = item.exit_trigger_message or ""
+    if item.exit_trigger_role is not None and item.exit_trigger_index is not None:
+        task = f"{item.exit_trigger_role}-{item.exit_trigger_index}"
+        return f"ended by {task}: {message}" if message else f"ended by {task}"
+    if message and message.lower() not in exit_words(item).lower():
+        return message
+    return ""
+
+
 def short_id(container_id: str) -> str:
     """A container id as `docker ps` shows it."""
     return container_id[:12]

@@ -4,7 +4,9 @@ appExitTriggerTaskRoleName and appExitTriggerTaskIndex.
 The pure rule first (`judge`'s trigger), then each completion rule end to
 end through the services as tests/test_lifecycle.py drives them (the test
 plays the node agent), then the API (v1 status, v2 status and job attempts)
-and the job page. A stop names no task: its message says who stopped it.
+and the job page (its summary and its attempts table). A stop names no
+task: its message says who stopped it. (The webhook and e-mail are tested
+in tests/test_notifications.py.)
 
 Users: alice (owner), bob (another user); each test makes its own.
 """
@@ -90,6 +92,23 @@ def test_the_page_words_a_task_trigger_and_leave_a_stop_to_the_exit_words():
     assert formatting.exit_trigger_words(Job(exit_trigger_role="worker", exit_trigger_index=0)) == "task worker-0"
     assert formatting.exit_trigger_words(Job(exit_trigger_message="stopped by alice")) == ""
     assert formatting.exit_trigger_words(Job()) == ""
+
+
+def test_the_attempts_table_words_a_task_trigger_and_a_stop_only_where_the_exit_words_do_not():
+    failed = JobAttempt(exit_type=ExitType.USER_EXIT, exit_code=3, exit_reason="task main-2 failed",
+                        exit_trigger_message="minFailedTaskCount 1 of role main reached: 1 task failed",
+                        exit_trigger_role="main", exit_trigger_index=2)
+    assert formatting.attempt_trigger_line(failed) == (
+        "ended by main-2: minFailedTaskCount 1 of role main reached: 1 task failed")
+    stopped = JobAttempt(exit_type=ExitType.USER_STOP, exit_reason="stopped by alice",
+                         exit_trigger_message="stopped by alice")
+    assert formatting.attempt_trigger_line(stopped) == ""  # "Stopped by user: stopped by alice" says it
+    reclaimed = JobAttempt(exit_type=ExitType.IDLE_GPUS, exit_reason=ExitType.IDLE_GPUS.label,
+                           exit_trigger_message=lifecycle.IDLE_GPUS_TRIGGER.message)
+    assert formatting.attempt_trigger_line(reclaimed) == lifecycle.IDLE_GPUS_TRIGGER.message
+    assert formatting.attempt_trigger_line(JobAttempt(exit_trigger_role="main", exit_trigger_index=0)) == (
+        "ended by main-0")
+    assert formatting.attempt_trigger_line(JobAttempt()) == ""
 
 
 # ------------------------------------------------- each rule, through the services
@@ -341,3 +360,65 @@ def test_the_job_page_of_a_stopped_job_says_who_once(alice, node):
     owner.force_login(alice)
     html = owner.get(f"/jobs/{job.pk}/").content.decode()
     assert f"stopped by {alice.username}" in html and "Ended by:" not in html
+
+
+def _page(user, job: Job) -> str:
+    client = Client()
+    client.force_login(user)
+    answer = client.get(f"/jobs/{job.pk}/")
+    assert answer.status_code == 200
+    return answer.content.decode()
+
+
+def _attempt_rows(html: str) -> list[str]:
+    """The attempts table's rows, oldest first."""
+    table = html[html.index('<table class="attempts">'):]
+    table = table[:table.index("</table>")]
+    return table.split("<tr")[2:]  # after the head's row
+
+
+def test_the_attempts_table_says_what_ended_each_attempt(alice, bob, node):
+    job = _retried_job(alice, node)
+    first, second = _attempt_rows(_page(alice, job))
+    assert ('<div class="small muted attempt-trigger">'
+            "Ended by main-1: minFailedTaskCount 1 of role main reached: 1 task failed</div>") in first
+    assert "Ended by main-0: all tasks completed: 2 of 2 succeeded" in second
+    other = Client()
+    other.force_login(bob)
+    assert other.get(f"/jobs/{job.pk}/").status_code == 404
+    assert Client().get(f"/jobs/{job.pk}/").status_code == 302  # to the login page
+    assert Client().get(f"/jobs/{job.pk}/").url.startswith("/login/")
+
+
+def test_the_attempts_table_escapes_what_ended_an_attempt(alice):
+    job = ended_job(alice, "escaped_trigger", State.FAILED, retry_limit=1, exit_type=ExitType.USER_EXIT, exit_code=1)
+    JobAttempt.objects.filter(job=job).update(exit_trigger_message="<script>alert(1)</script> & more",
+                                              exit_trigger_role="<b>r</b>", exit_trigger_index=0)
+    [row] = _attempt_rows(_page(alice, job))
+    assert "Ended by &lt;b&gt;r&lt;/b&gt;-0: &lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in row
+    assert "<script>alert" not in row and "<b>r" not in row
+
+
+def test_the_attempts_table_of_a_stopped_job_says_who_stopped_it_and_no_task(alice, node):
+    stopped = gpu_job(alice, node, role(tasks=2), retryCount=1)
+    tasks = start(stopped)
+    services.job_stop(job=stopped, by=alice)
+    assert all(exit_(task, 137) for task in tasks.values())
+    [row] = _attempt_rows(_page(alice, stopped))
+    # The exit words say who, once; no task is named.
+    assert row.count(f"stopped by {alice.username}") == 1 and "Ended by" not in row and "attempt-trigger" not in row
+
+    reclaimed = gpu_job(alice, node, role(tasks=2), retryCount=1)
+    tasks = start(reclaimed)
+    assert lifecycle.job_reclaim_idle_gpus(job_id=reclaimed.pk, number=1)
+    assert all(exit_(task, 137) for task in tasks.values())
+    [row] = _attempt_rows(_page(alice, reclaimed))
+    assert ('<div class="small muted attempt-trigger">Stopped by the platform: its GPUs stayed idle past the '
+            "cluster&#x27;s grace period</div>") in row
+
+
+def test_the_attempts_table_of_a_job_that_ended_before_triggers_were_kept_names_none(alice):
+    job = ended_job(alice, "ended_before_0020_rows", State.FAILED, retry_limit=1, exit_type=ExitType.USER_EXIT,
+                    exit_code=1, exit_reason="task main-0 failed: the command exited with code 1")
+    [row] = _attempt_rows(_page(alice, job))
+    assert "exited with code 1" in row and "attempt-trigger" not in row

@@ -199,3 +199,28 @@ def test_each_task_roles_buttons_name_their_role(desktop):
     expect(desktop.get_by_role("button", name="Remove task role 2")).to_be_enabled()
     desktop.get_by_role("button", name="Remove task role 1").click()
     expect(desktop.get_by_role("button", name=re.compile(r"^Remove task role"))).to_have_count(1)
+
+
+def test_what_ended_an_attempt_wraps_inside_the_attempts_table(phone, desktop, alice):
+    """A rule's message names a task role (64 characters, none a space) and
+    a stop names a user: the attempts table keeps them in their cell."""
+    long_role = "r" * 64
+    job = ended_job(alice, "long_trigger", State.FAILED, retry_limit=1, exit_type="USER_EXIT", exit_code=1,
+                    exit_reason=f"task {long_role}-0 failed: the command exited with code 1")
+    job.attempts.update(exit_trigger_message=f"minFailedTaskCount 1 of role {long_role} reached: 1 task failed",
+                        exit_trigger_role=long_role, exit_trigger_index=0)
+    type(job).objects.filter(pk=job.pk).update(exit_trigger_message=job.attempts.get().exit_trigger_message,
+                                               exit_trigger_role=long_role, exit_trigger_index=0)
+    for page in (phone, desktop):
+        page.goto(f"/jobs/{job.pk}/")
+        trigger = page.locator(".attempt-trigger")
+        expect(trigger).to_contain_text(f"Ended by {long_role}-0")
+        assert trigger.evaluate("el => el.scrollWidth - el.clientWidth") == 0, page.viewport_size
+        cell = page.locator("td.attempt-outcome").bounding_box()
+        box = trigger.bounding_box()
+        assert box["x"] + box["width"] <= cell["x"] + cell["width"], page.viewport_size
+        assert page.locator(".exit-trigger").evaluate("el => el.scrollWidth - el.clientWidth") == 0
+        assert page.evaluate(PAGE_OVERFLOW) == 0, page.viewport_size
+    frame = desktop.locator("table.attempts").locator("xpath=..")
+    assert frame.evaluate("el => el.scrollWidth - el.clientWidth") == 0  # no sideways scroll on a desktop
+    screenshot(phone, "layout-attempt-trigger-phone")

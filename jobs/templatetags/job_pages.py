@@ -37,6 +37,7 @@ register.filter("num", formatting.num)
 register.filter("percent_of", formatting.percent_of)
 register.filter("exit_words", formatting.exit_words)
 register.filter("exit_trigger_words", formatting.exit_trigger_words)
+register.filter("attempt_trigger_line", formatting.attempt_trigger_line)
 register.filter("short_id", formatting.short_id)
 
 

@@ -114,11 +114,17 @@ class NodeAdmin(admin.ModelAdmin):
         return ", ".join(f"{len([g for g in node.gpus if g['type'] == t])}×{t}" for t in node.gpu_types) or "-"
 
 
+# What ended a job or attempt (jobs/completion.py's trigger): recorded by the
+# lifecycle when it ends, never edited.
+EXIT_TRIGGER_FIELDS = ("exit_trigger_message", "exit_trigger_role", "exit_trigger_index")
+
+
 class JobAttemptInline(admin.TabularInline):
     model = JobAttempt
     extra = 0
     can_delete = False
-    fields = ("number", "state", "started_at", "finished_at", "exit_type", "exit_code", "exit_reason")
+    fields = ("number", "state", "started_at", "finished_at", "exit_type", "exit_code", "exit_reason",
+              *EXIT_TRIGGER_FIELDS)
     readonly_fields = fields
 
 
@@ -127,10 +133,18 @@ class JobAdmin(admin.ModelAdmin):
     list_display = ("name", "owner", "virtual_cluster", "state", "submitted_at", "attempt_number", "total_tasks", "total_gpus")
     list_filter = ("state", "virtual_cluster")
     search_fields = ("name", "owner__username")
-    readonly_fields = ("config_raw", "config", "warnings", "ssh_public_key", "submitted_at", "started_at", "finished_at")
+    readonly_fields = ("config_raw", "config", "warnings", "ssh_public_key", "submitted_at", "started_at", "finished_at",
+                       *EXIT_TRIGGER_FIELDS)
     exclude = ("ssh_private_key", "secrets_sealed")
     inlines = [JobAttemptInline]
     actions = ["stop_jobs"]
+
+    def get_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
+        """The trigger beside the exit fields, not at the end of the form
+        where read-only fields go."""
+        fields = [name for name in super().get_fields(request, obj) if name not in EXIT_TRIGGER_FIELDS]
+        after = fields.index("exit_reason") + 1
+        return [*fields[:after], *EXIT_TRIGGER_FIELDS, *fields[after:]]
 
     @admin.action(description="Stop the selected jobs")
     def stop_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

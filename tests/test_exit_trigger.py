@@ -4,16 +4,18 @@ appExitTriggerTaskRoleName and appExitTriggerTaskIndex.
 The pure rule first (`judge`'s trigger), then each completion rule end to
 end through the services as tests/test_lifecycle.py drives them (the test
 plays the node agent), then the API (v1 status, v2 status and job attempts)
-and the job page (its summary and its attempts table). A stop names no
-task: its message says who stopped it. (The webhook and e-mail are tested
-in tests/test_notifications.py.)
+and the job page (its summary and its attempts table), then the Django
+admin. A stop names no task: its message says who stopped it. (The webhook
+and e-mail are tested in tests/test_notifications.py.)
 
-Users: alice (owner), bob (another user); each test makes its own.
+Users: alice (owner), bob (another user), admin (staff); each test makes
+its own.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -422,3 +424,50 @@ def test_the_attempts_table_of_a_job_that_ended_before_triggers_were_kept_names_
                     exit_code=1, exit_reason="task main-0 failed: the command exited with code 1")
     [row] = _attempt_rows(_page(alice, job))
     assert "exited with code 1" in row and "attempt-trigger" not in row
+
+
+# ------------------------------------------------------------------ the admin
+
+
+def _admin_page(user, path: str):
+    client = Client()
+    client.force_login(user)
+    return client.get(path)
+
+
+def test_the_admin_shows_the_trigger_read_only_beside_the_exit_fields(admin_user, alice, node):
+    job = _retried_job(alice, node)
+    path = f"/admin/jobs/job/{job.pk}/change/"
+    answer = _admin_page(admin_user, path)
+    assert answer.status_code == 200
+    html = answer.content.decode()
+    # The job's, read-only (no input), right after its exit reason.
+    for name in ("exit_trigger_message", "exit_trigger_role", "exit_trigger_index"):
+        assert f'name="{name}"' not in html and f'name="attempts-0-{name}"' not in html
+        assert f"field-{name}" in html
+    fieldset = html[:html.index('id="attempts-group"')]
+    assert fieldset.index("field-exit_reason") < fieldset.index("field-exit_trigger_message") < fieldset.index(
+        "field-exit_trigger_role") < fieldset.index("field-exit_trigger_index") < fieldset.index("field-waiting_reason")
+    assert [_admin_readonly(fieldset, name) for name in ("exit_trigger_message", "exit_trigger_role",
+                                                         "exit_trigger_index")] == [SECOND[0], "main", "0"]
+    # Each attempt's, in the attempts inline.
+    inline = html[html.index('id="attempts-group"'):]
+    assert FIRST[0] in inline and SECOND[0] in inline
+    # The admin stays the admins': a user is sent to log in, as is a stranger.
+    for answer in (_admin_page(alice, path), Client().get(path)):
+        assert answer.status_code == 302 and answer.url.endswith(f"login/?next={path}"), answer.url
+
+
+def test_the_admin_shows_a_stops_message_and_no_task(admin_user, alice):
+    waiting = submit(alice, config("admin_stop", role(), virtualCluster=hold_vc("trigger_admin", alice).name))
+    services.job_stop(job=waiting, by=alice)
+    html = _admin_page(admin_user, f"/admin/jobs/job/{waiting.pk}/change/").content.decode()
+    assert _admin_readonly(html, "exit_trigger_message") == f"stopped by {alice.username}"
+    assert _admin_readonly(html, "exit_trigger_role") == _admin_readonly(html, "exit_trigger_index") == "-"
+
+
+def _admin_readonly(html: str, name: str) -> str:
+    """The value the admin's change form shows for a read-only field of the job."""
+    found = re.search(rf'field-{name}">.*?<div class="readonly">(.*?)</div>', html, re.DOTALL)
+    assert found, name
+    return found.group(1)

@@ -132,6 +132,12 @@ def _runner(engine) -> tuple[Runner, list[dict | None]]:
     return runner, made
 
 
+def _not_started(state: dict | None) -> bool:
+    """The container's state while outputDir was made: not created yet
+    (the create runs alongside) or created and not started."""
+    return state is None or (not state["Running"] and state["Status"] == "created")
+
+
 def _one_task(spec: launcher.ContainerSpec) -> SimpleNamespace:
     return SimpleNamespace(name=spec.name, attempt=SimpleNamespace(ip=""), job=SimpleNamespace(pk=0))
 
@@ -151,7 +157,7 @@ def test_a_task_put_on_a_default_bridge_that_stopped_isolating_starts_on_our_net
         found = docker.from_env().api.inspect_container(container_id)
         assert found["State"]["Running"] and list(found["NetworkSettings"]["Networks"]) == [f"{own_instance}-shared"]
         assert found["Name"] == f"/{spec.name}"  # the one on the bridge was removed, not left beside it
-        assert len(made) == 1 and made[0] is not None and not made[0]["Running"]  # outputDir, before the start
+        assert len(made) == 1 and _not_started(made[0])  # outputDir, before the start
     finally:
         real.remove(container_id)
         real.remove_network(f"{own_instance}-shared")
@@ -174,7 +180,7 @@ def test_an_image_removed_since_the_node_saw_it_is_made_sure_of_and_outputdir_ma
         container_id = runner._create_and_start(_one_task(spec), spec, kept_answer=False, ensure_image=ensure_image)
         try:
             assert pulled == [spec.image] and real.state(container_id).running
-            assert len(made) == 2 and not made[-1]["Running"]  # each try made it before any start
+            assert len(made) == 2 and all(_not_started(state) for state in made)  # before each try's start
         finally:
             real.remove(container_id)
     finally:

@@ -566,3 +566,36 @@ def test_a_stop_asked_while_a_task_starts_does_not_deadlock_with_recording_its_s
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert job.state == State.STOPPING and attempt.state == TaskState.RUNNING and attempt.stop_reason
+
+
+def test_a_jobs_times_span_its_tasks_whatever_order_their_agents_report_in(alice, node):
+    """Each task's start and end are its container's. A job (and its
+    attempt) started at its first task's start and ended at its last
+    task's end, even when the later start is recorded first and the
+    earlier end last: the API's createdTime <= appLaunchedTime <=
+    appCompletedTime held only when the agents reported in order."""
+    from django.test import Client
+
+    from jobs.services import tokens
+
+    job = gpu_job(alice, node, role(tasks=2))
+    services.schedule_pass()
+    first, second = TaskAttempt.objects.filter(job=job).order_by("task__index")
+    base = timezone.now() + timedelta(seconds=1)
+    for attempt in (first, second):
+        assert services.attempt_claim_launch(attempt.pk)
+    # The second task started 40 ms after the first and ran longer; the
+    # first's agent reports its start last and its end last.
+    assert services.attempt_mark_running(second.pk, container_id="c-2", started_at=base + timedelta(milliseconds=40))
+    assert services.attempt_mark_running(first.pk, container_id="c-1", started_at=base)
+    exit_(second, 0, finished_at=base + timedelta(milliseconds=90))
+    exit_(first, 0, finished_at=base + timedelta(milliseconds=30))
+    job = fresh(job)
+    attempt = JobAttempt.objects.get(job=job, number=1)
+    assert job.state == State.SUCCEEDED
+    assert (job.started_at, job.finished_at) == (base, base + timedelta(milliseconds=90))
+    assert (attempt.started_at, attempt.finished_at) == (base, base + timedelta(milliseconds=90))
+    key = tokens.token_create(user=alice, lifetime=timedelta(hours=1)).key
+    status = Client(HTTP_AUTHORIZATION=f"Bearer {key}").get(f"/api/v1/user/{alice.username}/jobs/{job.name}").json()
+    times = status["jobStatus"]
+    assert times["createdTime"] <= times["appLaunchedTime"] <= times["appCompletedTime"] == times["completedTime"]

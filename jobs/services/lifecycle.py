@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from jobs import queues
@@ -198,8 +198,11 @@ def attempt_mark_running(attempt_id: int, *, container_id: str, started_at: date
             state=TaskState.RUNNING, container_id=container_id, started_at=started_at, last_activity_at=started_at
         ) == 1
         if changed:
-            Job.objects.filter(pk=attempt.job_id, started_at__isnull=True).update(started_at=started_at)
-            JobAttempt.objects.filter(job_id=attempt.job_id, number=attempt.number, started_at__isnull=True).update(
+            # The earliest start, whichever task's is recorded first: the
+            # agents of a job's tasks report in their own order.
+            earlier = Q(started_at__isnull=True) | Q(started_at__gt=started_at)
+            Job.objects.filter(earlier, pk=attempt.job_id, attempt_number=attempt.number).update(started_at=started_at)
+            JobAttempt.objects.filter(earlier, job_id=attempt.job_id, number=attempt.number).update(
                 started_at=started_at
             )
     return changed
@@ -261,7 +264,7 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
         _release([attempt_id])
         job_attempt = JobAttempt.objects.get(job=job, number=attempt.number)
         if job.state == State.STOPPING:
-            _maybe_finish_stopping(job.pk, now)
+            _maybe_finish_stopping(job.pk, _attempt_end(job.pk, attempt.number, now))
         elif job_attempt.state == State.RUNNING and attempt.number == job.attempt_number:
             spec = job.spec
             results = [
@@ -271,11 +274,20 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
             # This exit is the trigger of any verdict it brings about.
             verdict = judge(spec, results, last=TaskResult(attempt.task.role, attempt.task.index, state, reason))
             if verdict is not None:
-                _conclude_attempt(job, job_attempt, verdict, stops, now)
+                _conclude_attempt(job, job_attempt, verdict, stops, _attempt_end(job.pk, attempt.number, now))
         _free_subnet_if_idle(job.pk, attempt.number)
         transaction.on_commit(lambda: _send_stops(stops))
         transaction.on_commit(queues.request_schedule)
     return True
+
+
+def _attempt_end(job_id: int, number: int, now: datetime) -> datetime:
+    """When a job attempt ended: its last task's end, which need not be the
+    exit recorded last (each task's end is its container's, and agents
+    report in their own order), nor before any of its tasks' starts."""
+    latest = TaskAttempt.objects.filter(job_id=job_id, number=number).aggregate(
+        end=Max("finished_at"), start=Max("started_at"))
+    return max(moment for moment in (now, latest["end"], latest["start"]) if moment is not None)
 
 
 def _conclude_attempt(job: Job, job_attempt: JobAttempt, verdict: Verdict, stops: list[tuple[str, int]], now: datetime) -> None:

@@ -30,12 +30,19 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from a2wsgi.wsgi import Body, WSGIMiddleware, WSGIResponder, build_environ
+
+log = logging.getLogger(__name__)
+
+# The scope extension through which portal/http_protocol.py lets the bridge
+# drop a connection at once.
+ABORT_EXTENSION = "portal.abort"
 
 PREREAD_BYTES = 256 * 1024
 READ_AHEAD_BYTES = 1024 * 1024
@@ -122,6 +129,11 @@ class _ReadAheadBody(_PiecesBody):
         return body
 
 
+def _client(scope: dict[str, Any]) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
 def _content_length(scope: dict[str, Any]) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -154,6 +166,8 @@ class _Responder(WSGIResponder):
         self.sender_task: asyncio.Task[None] | None = None  # only for a streaming response
         self.receive: Any = None
         self.body: Body | None = None
+        self.scope: dict[str, Any] = {}
+        self.send_error: BaseException | None = None  # raised once the view's thread is done
         # A streaming response's client went away (or stopped reading): set
         # on the loop, read by the view's thread between two parts.
         self.gone = threading.Event()
@@ -168,7 +182,7 @@ class _Responder(WSGIResponder):
         else:
             body = _PiecesBody(self.loop, receive)  # chunked: a2wsgi's, which can also give its pieces
         environ = build_environ(scope, body)
-        self.send_to_client, self.receive, self.body = send, receive, body
+        self.send_to_client, self.receive, self.body, self.scope = send, receive, body, scope
         try:
             func = functools.partial(contextvars.copy_context().run, self.wsgi)
             await self.loop.run_in_executor(self.executor, func, environ, self.start_response)
@@ -177,7 +191,9 @@ class _Responder(WSGIResponder):
                     await send(message)
             else:
                 await self.send_queue.put(None)
-                await self.sender_task  # it may raise: the client went away
+                await self.sender_task
+                if self.send_error is not None:
+                    raise self.send_error
             if self.exc_info is not None:
                 raise self.exc_info[0].with_traceback(self.exc_info[1], self.exc_info[2])
         finally:
@@ -221,8 +237,10 @@ class _Responder(WSGIResponder):
 
     async def sender(self, send: Any) -> None:
         """a2wsgi's, letting go of a client that takes nothing for
-        STALLED_SEND_SECONDS; once the client is gone, what the view's thread
-        still queues is dropped, so that it never waits on a full queue."""
+        STALLED_SEND_SECONDS. Once the client is gone, or a send failed (an
+        answer longer than its Content-Length), what the view's thread still
+        queues is dropped: it must never wait on a full queue, or its
+        response would never be closed."""
         while True:
             message = await self.send_queue.get()
             if message is None:
@@ -232,7 +250,21 @@ class _Responder(WSGIResponder):
                     await asyncio.wait_for(send(message), STALLED_SEND_SECONDS)
                 except asyncio.TimeoutError:
                     self.gone.set()
+                    self._abort_stalled()
+                except Exception as exc:
+                    self.gone.set()
+                    self.send_error = exc
             self.send_queue.task_done()
+
+    def _abort_stalled(self) -> None:
+        """Drop the connection: closed the usual way, it would wait for the
+        client to take what is buffered, which it does not (megabytes held
+        for as long as it stays). portal/http_protocol.py gives the abort."""
+        log.warning("let go of %s, which took nothing of %s for %.0f s", _client(self.scope),
+                    self.scope.get("path", "?"), STALLED_SEND_SECONDS)
+        abort = (self.scope.get("extensions") or {}).get(ABORT_EXTENSION)
+        if abort is not None:
+            abort()
 
     def wsgi(self, environ: Any, start_response: Any) -> None:
         iterable: Iterable[bytes] = self.app(environ, start_response)

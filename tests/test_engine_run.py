@@ -156,7 +156,9 @@ def test_a_task_put_on_a_default_bridge_that_stopped_isolating_starts_on_our_net
     try:
         found = docker.from_env().api.inspect_container(container_id)
         assert found["State"]["Running"] and list(found["NetworkSettings"]["Networks"]) == [f"{own_instance}-shared"]
-        assert found["Name"] == f"/{spec.name}"  # the one on the bridge was removed, not left beside it
+        labelled = docker.from_env().containers.list(
+            all=True, filters={"label": f"{launcher.LABEL_INSTANCE}={own_instance}"})
+        assert [c.id for c in labelled] == [container_id]  # the one made on the bridge is gone
         assert len(made) == 1 and _not_started(made[0])  # outputDir, before the start
     finally:
         real.remove(container_id)
@@ -185,3 +187,34 @@ def test_an_image_removed_since_the_node_saw_it_is_made_sure_of_and_outputdir_ma
             real.remove(container_id)
     finally:
         client.images.remove(spec.image)
+
+
+def test_a_container_left_on_another_network_is_made_again_and_one_on_its_own_adopted(engine, network, own_instance):
+    """A container of the task's name from a launch before (an agent that
+    crashed, a removal that failed): adopted when made for the task's
+    network, removed and made again when made for another, never started
+    there."""
+    client = docker.from_env()
+    other = f"{own_instance}-other"
+    engine.ensure_network(other, labels={launcher.LABEL_INSTANCE: own_instance}, isolated=True)
+    try:
+        spec = _spec(own_instance, network)
+        left = client.api.create_container(BUSYBOX_IMAGE, "sleep 60", name=spec.name,
+                                           labels={launcher.LABEL_INSTANCE: own_instance},
+                                           host_config=client.api.create_host_config(network_mode=other))["Id"]
+        made = engine.run(spec)
+        try:
+            assert made != left and _state(left) is None
+            assert docker.from_env().api.inspect_container(made)["HostConfig"]["NetworkMode"] == network
+        finally:
+            engine.remove(made)
+        spec = _spec(own_instance, network)
+        kept = client.api.create_container(BUSYBOX_IMAGE, "sleep 60", name=spec.name,
+                                           labels={launcher.LABEL_INSTANCE: own_instance},
+                                           host_config=client.api.create_host_config(network_mode=network))["Id"]
+        try:
+            assert engine.run(spec) == kept and engine.state(kept).running
+        finally:
+            engine.remove(kept)
+    finally:
+        engine.remove_network(other)

@@ -6,6 +6,7 @@ after the view has made the whole response for no one."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import uvicorn
 
 from portal import http_bridge
 from portal.http_bridge import ThreadedWSGI
+from portal.http_protocol import PortalHttpToolsProtocol
 from tests.cluster import free_port
 
 PARTS = 500
@@ -46,14 +48,14 @@ def serve():
     and returning the port."""
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
-    def start(body: _SlowBody) -> int:
+    def start(body: _SlowBody, headers: list[tuple[str, str]] | None = None) -> int:
         def app(environ, start_response):
-            start_response("200 OK", [("Content-Type", "application/octet-stream")])
+            start_response("200 OK", [("Content-Type", "application/octet-stream"), *(headers or [])])
             return body  # no `streaming` attribute: sent piece by piece, as Django's streaming responses
 
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(ThreadedWSGI(app, workers=2), host="127.0.0.1", port=port,
-                                               lifespan="off", log_level="critical", http="httptools"))
+                                               lifespan="off", log_level="critical", http=PortalHttpToolsProtocol))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         deadline = time.monotonic() + 10
@@ -84,14 +86,40 @@ def test_a_client_gone_mid_download_closes_the_response_at_once(serve):
     assert body.made < PARTS / 2
 
 
-def test_a_client_that_reads_nothing_is_let_go_after_the_stall_limit(serve, monkeypatch):
+def _connections_to(port: int) -> list[str]:
+    """The server's end of each established connection on `port`."""
+    shown = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"], capture_output=True,
+                           text=True, check=True).stdout
+    return [line for line in shown.splitlines() if line.strip()]
+
+
+def test_a_client_that_reads_nothing_is_let_go_after_the_stall_limit_and_dropped(serve, monkeypatch):
     monkeypatch.setattr(http_bridge, "STALLED_SEND_SECONDS", 1.0)
     body = _SlowBody(b"x" * (1 << 20), pause=0)  # a megabyte a part: the socket's buffers fill at once
-    client = _get(serve(body))
+    port = serve(body)
+    client = _get(port)
     try:
         started = time.monotonic()
         assert body.closed.wait(timeout=15), "the response of a client that reads nothing was never closed"
         assert time.monotonic() - started >= 1.0 and body.made < PARTS
+        # Aborted, not closed: a close would wait, megabytes buffered, for
+        # a client that reads nothing.
+        deadline = time.monotonic() + 5
+        while _connections_to(port):
+            assert time.monotonic() < deadline, "the stalled connection was kept open"
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def test_an_answer_longer_than_its_content_length_is_closed_not_left_waiting(serve):
+    """uvicorn refuses the part past Content-Length (an exception from
+    send): the view's thread must not wait on a full queue for ever."""
+    body = _SlowBody(b"z" * 64, pause=0.01)
+    client = _get(serve(body, headers=[("Content-Length", "100")]))
+    try:
+        assert body.closed.wait(timeout=5), "the response was never closed"
+        assert body.made < PARTS
     finally:
         client.close()
 

@@ -322,11 +322,19 @@ def test_a_worker_streams_to_all_its_threads_but_two_at_most(endpoint, alice, bo
     assert _held(alice) == 0 and _held(bob) == 0 and stream_slots._worker_streams.open == 0
 
 
-def test_a_users_own_refusal_gives_the_workers_place_back(alice):
+def test_a_users_own_refusal_gives_the_workers_place_back(alice, monkeypatch):
+    made: list[stream_slots.StreamSlot] = []  # kept alive: only give_back may free a place
+    real_init = stream_slots.StreamSlot.__init__
+
+    def kept(self, *args, **kwargs) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(stream_slots.StreamSlot, "__init__", kept)
     client, url = _page_client(alice), _log_of(alice)
     streams = [_open(client, url) for _ in range(LIMIT)]
     assert client.get(url).status_code == 429
-    assert stream_slots._worker_streams.open == LIMIT
+    assert len(made) == LIMIT + 1 and stream_slots._worker_streams.open == LIMIT
     for response in streams:
         response.close()
     assert stream_slots._worker_streams.open == 0
@@ -339,6 +347,8 @@ def test_anonymous_ipv6_callers_share_one_limit_per_64(settings):
     assert holder(user=anonymous, address="2001:db8:1:2::1") != holder(user=anonymous, address="2001:db8:1:3::1")
     assert holder(user=anonymous, address="::ffff:198.51.100.7") == holder(user=anonymous, address="198.51.100.7")
     assert holder(user=anonymous, address="not an address") == "address:not an address"
+    assert holder(user=anonymous, address="64:ff9b::c633:6407") == holder(user=anonymous, address="198.51.100.7")
+    assert holder(user=anonymous, address="fe80::1%eth0") != holder(user=anonymous, address="fe80::2%eth0")
     settings.API_ANONYMOUS_READ = True
     one, same_64 = Client(REMOTE_ADDR="2001:db8:5:6::1"), Client(REMOTE_ADDR="2001:db8:5:6::2")
     streams = [_open(one, "/api/v1/jobs") for _ in range(LIMIT)]

@@ -374,6 +374,7 @@ class Runner:
                 image_again = True
                 self._images.forget(spec.image)
                 ensure_image()
+                kept_answer = True  # the answer this try had may be minutes old after a pull: ask again
             except DefaultNetworkChanged:
                 if network_again:
                     raise

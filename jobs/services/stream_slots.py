@@ -224,8 +224,15 @@ def holder_of(*, user: User | AnonymousUser, address: str) -> str:
     if isinstance(parsed, ipaddress.IPv6Address):
         if parsed.ipv4_mapped is not None:
             return f"address:{parsed.ipv4_mapped}"
-        return f"address:{ipaddress.ip_network(f'{parsed}/64', strict=False)}"
+        if parsed in _NAT64:  # every IPv4 client behind the translator: each its own address
+            return f"address:{ipaddress.IPv4Address(int(parsed) & 0xFFFFFFFF)}"
+        if parsed.is_link_local:  # each interface's fe80::/64 is everyone on that link
+            return f"address:{parsed}"
+        return f"address:{ipaddress.IPv6Network((int(parsed) >> 64 << 64, 64))}"
     return f"address:{parsed}"
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 
 def _key(holder: str) -> str:

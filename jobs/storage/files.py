@@ -161,8 +161,27 @@ class FileConflict(StorageError):
 
 
 def file_read(reader: Reader, path: str) -> tuple[Entry, Iterator[bytes]]:
+    """The file's entry and its content, no more of it than the entry's
+    size: a download announces that size as its Content-Length, and a file
+    that grew since (written in place outside the portal) must not make
+    the answer longer than it said."""
     access.check_read(reader, path)
-    return storage.backend_for(reader).open_download(path, chunk_size=DOWNLOAD_CHUNK)
+    entry, chunks = storage.backend_for(reader).open_download(path, chunk_size=DOWNLOAD_CHUNK)
+    return entry, _at_most(chunks, entry.size)
+
+
+def _at_most(chunks: Iterator[bytes], size: int) -> Iterator[bytes]:
+    try:
+        left = size
+        for chunk in chunks:
+            if left <= 0:
+                return
+            yield chunk if len(chunk) <= left else chunk[:left]  # no copy but of the last
+            left -= len(chunk)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()  # the open file or HDFS read, at once
 
 
 def path_info(reader: Reader, path: str) -> Entry:

@@ -286,9 +286,11 @@ class DockerEngine:
     def _discard(self, creating: Future[str]) -> None:
         """A container whose launch stopped before its start: not left behind.
         Quiet: the caller raises the reason the launch stopped."""
+        if creating.exception() is not None:
+            return  # nothing was made
         try:
             self.remove(creating.result())
-        except Exception:  # not created; or the engine refused: the next launch's create adopts or replaces it
+        except Exception:  # the next launch's create adopts or replaces it (_adopt)
             log.warning("a container created for a launch that stopped could not be removed", exc_info=True)
 
     def _create(self, spec: ContainerSpec, *, adopt: bool = True) -> str:
@@ -325,20 +327,22 @@ class DockerEngine:
                 self._networks_known.discard(spec.network)
                 raise LaunchError("PLATFORM", f"could not create the container: {exc.explanation or exc}") from None
             container_id = self._adopt(spec)
+            if container_id is None:  # made for another network: removed, made again (files and all)
+                return self._create(spec, adopt=False)
         if spec.files:
             self.api.put_archive(container_id, "/", _tar(spec.files))
         return container_id
 
-    def _adopt(self, spec: ContainerSpec) -> str:
+    def _adopt(self, spec: ContainerSpec) -> str | None:
         """The container of this name a launch before this one made (the
         agent crashed, or that launch stopped before the start and could
         not remove it). One made for another network (a default bridge that
-        has since stopped isolating) is not started: it is made again."""
+        has since stopped isolating) is removed, never started: None."""
         found = self.api.inspect_container(spec.name)
         if (found.get("HostConfig") or {}).get("NetworkMode") == spec.network:
             return found["Id"]
         self.remove(found["Id"])
-        return self._create(spec, adopt=False)
+        return None
 
     def _start(self, container_id: str) -> None:
         try:

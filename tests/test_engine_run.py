@@ -218,3 +218,29 @@ def test_a_container_left_on_another_network_is_made_again_and_one_on_its_own_ad
             engine.remove(kept)
     finally:
         engine.remove_network(other)
+
+
+def test_a_multi_task_jobs_launch_after_a_pull_asks_nothing_about_the_default_bridge(docker_engine, own_instance):
+    """A task of a job of several runs on the job's own network: the second
+    try after an image was made sure of again must not take it for a
+    default bridge chosen by a kept answer."""
+    real = DockerEngine(docker_engine)
+    job_network = f"{own_instance}-jobnet"
+    real.ensure_network(job_network, labels={launcher.LABEL_INSTANCE: own_instance})
+    runner, made = _runner(real)
+    spec = _spec(own_instance, job_network)
+    spec.image = f"pai-local/gone-{uuid.uuid4().hex[:8]}:latest"
+    client = docker.from_env()
+    ctx = SimpleNamespace(name=spec.name, attempt=SimpleNamespace(ip="10.215.0.2"), job=SimpleNamespace(pk=0))
+    try:
+        container_id = runner._create_and_start(
+            ctx, spec, kept_answer=False, ensure_image=lambda: client.images.get(BUSYBOX_IMAGE).tag(spec.image))
+        try:
+            found = client.api.inspect_container(container_id)
+            assert found["State"]["Running"] and found["HostConfig"]["NetworkMode"] == job_network
+            assert len(made) == 2  # one try per cause: the image's, and no other
+        finally:
+            real.remove(container_id)
+    finally:
+        client.images.remove(spec.image)
+        real.remove_network(job_network)

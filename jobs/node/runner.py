@@ -101,6 +101,13 @@ class DefaultNetwork:
             raise DefaultNetworkChanged(chosen)
 
 
+def _on_default_network_terms(ctx: LaunchContext) -> bool:
+    """Whether the task's network is chosen by the engine's answer about
+    its default bridge (a one-task job, SINGLE_TASK_NETWORK=isolated), not
+    the job's own network."""
+    return not ctx.attempt.ip and settings.SINGLE_TASK_NETWORK == "isolated"
+
+
 def shared_network_name() -> str:
     return f"{settings.PAI_INSTANCE}-shared"
 
@@ -374,7 +381,8 @@ class Runner:
                 image_again = True
                 self._images.forget(spec.image)
                 ensure_image()
-                kept_answer = True  # the answer this try had may be minutes old after a pull: ask again
+                # The answer this try had may be minutes old after a pull: ask again.
+                kept_answer = kept_answer or _on_default_network_terms(ctx)
             except DefaultNetworkChanged:
                 if network_again:
                     raise
@@ -409,7 +417,7 @@ class Runner:
             # A one-task job has no peers: it runs where containers cannot
             # reach each other (settings.SINGLE_TASK_NETWORK).
             kept = False
-            if settings.SINGLE_TASK_NETWORK == "isolated":
+            if _on_default_network_terms(ctx):
                 default, kept = self._default_network.choose()
                 if default:
                     return default, kept

@@ -249,6 +249,30 @@ def test_a_refused_stream_closes_what_it_would_have_streamed(alice):
     assert opened.closed
 
 
+def test_a_refused_download_closes_its_storage_read_before_reading_any_of_it(alice):
+    """storage.files.file_read's content, as a WebHDFS read gives it: open
+    before the first byte (files._AtMost passes the close on)."""
+    from jobs.storage.files import _AtMost
+
+    class Read:
+        closed = False
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield b"x" * 10
+
+        def close(self) -> None:
+            self.closed = True
+
+    for _ in range(LIMIT):
+        stream_slots.stream_hold(user=alice, address="", content=iter([b"x"]))
+    read = Read()
+    with pytest.raises(stream_slots.TooManyStreams):
+        stream_slots.stream_hold(user=alice, address="", content=_AtMost(read, 10))
+    assert read.closed
+    grown = Read()
+    assert b"".join(_AtMost(grown, 4)) == b"xxxx" and grown.closed  # no more than announced, then closed
+
+
 def test_a_live_worker_keeps_its_slots_and_a_dead_ones_run_out(monkeypatch):
     """Slots last SLOT_SECONDS past the last refresh: the worker refreshes
     the ones it holds (even while a client reads nothing and the stream's
@@ -257,7 +281,7 @@ def test_a_live_worker_keeps_its_slots_and_a_dead_ones_run_out(monkeypatch):
     holder = f"user:{unique('refreshed')}"
     live = stream_slots.stream_slot_take(holder=holder)
     dead = stream_slots.stream_slot_take(holder=holder)
-    stream_slots._forget(dead)  # as if its worker had been killed: no one refreshes or releases it
+    stream_slots._worker_streams.give_back(dead)  # as if its worker had been killed: no one refreshes or releases it
     for _ in range(3):
         time.sleep(0.5)
         stream_slots.stream_slots_refresh()

@@ -167,21 +167,36 @@ def file_read(reader: Reader, path: str) -> tuple[Entry, Iterator[bytes]]:
     the answer longer than it said."""
     access.check_read(reader, path)
     entry, chunks = storage.backend_for(reader).open_download(path, chunk_size=DOWNLOAD_CHUNK)
-    return entry, _at_most(chunks, entry.size)
+    return entry, _AtMost(chunks, entry.size)
 
 
-def _at_most(chunks: Iterator[bytes], size: int) -> Iterator[bytes]:
-    try:
-        left = size
-        for chunk in chunks:
-            if left <= 0:
-                return
-            yield chunk if len(chunk) <= left else chunk[:left]  # no copy but of the last
-            left -= len(chunk)
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()  # the open file or HDFS read, at once
+class _AtMost:
+    """`chunks`, but no more than `size` bytes of them. A class and not a
+    generator: closing it closes `chunks` (an open WebHDFS read) even when
+    nothing was read yet (a refused or cancelled download), which a
+    generator that never started does not."""
+
+    def __init__(self, chunks: Iterator[bytes], size: int) -> None:
+        self._chunks = iter(chunks)
+        self._source = chunks
+        self._left = size
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._left <= 0:
+            self.close()  # the open file or HDFS read, at once
+            raise StopIteration
+        chunk = next(self._chunks)
+        left, self._left = self._left, self._left - len(chunk)
+        return chunk if len(chunk) <= left else chunk[:left]  # no copy but of the last
+
+    def close(self) -> None:
+        for thing in (self._chunks, self._source):
+            close = getattr(thing, "close", None)
+            if close is not None:
+                close()
 
 
 def path_info(reader: Reader, path: str) -> Entry:

@@ -105,10 +105,21 @@ def exit_trigger_words(item: Triggered) -> str:
 def trigger_words(message: str | None, role: str | None, index: int | None) -> str:
     """`exit_trigger_words` of the three values (as a webhook payload or
     e-mail holds them)."""
-    if role is None or index is None:
+    task = _trigger_task(role, index)
+    if not task:
         return ""
-    task = f"task {role}-{index}"
-    return f"{task} ({message})" if message else task
+    return f"task {task} ({message})" if message else f"task {task}"
+
+
+def _trigger_task(role: str | None, index: int | None) -> str:
+    """The triggering task as "main-2"; "" for an end no task triggered (a stop)."""
+    return f"{role}-{index}" if role is not None and index is not None else ""
+
+
+def unsaid_trigger_message(message: str | None, said: str) -> str:
+    """A stop's trigger message (it names no task), unless `said` (the
+    exit words or reason shown beside it) says it already."""
+    return message if message and message.lower() not in said.lower() else ""
 
 
 class EndedAndTriggered(Ended, Triggered, Protocol):
@@ -121,12 +132,10 @@ def attempt_trigger_line(item: EndedAndTriggered) -> str:
     role main reached: 1 task failed". A stop names no task: its message
     ("stopped by the platform: ..."), unless the exit words say it already."""
     message = item.exit_trigger_message or ""
-    if item.exit_trigger_role is not None and item.exit_trigger_index is not None:
-        task = f"{item.exit_trigger_role}-{item.exit_trigger_index}"
+    task = _trigger_task(item.exit_trigger_role, item.exit_trigger_index)
+    if task:
         return f"ended by {task}: {message}" if message else f"ended by {task}"
-    if message and message.lower() not in exit_words(item).lower():
-        return message
-    return ""
+    return unsaid_trigger_message(message, exit_words(item))
 
 
 def short_id(container_id: str) -> str:

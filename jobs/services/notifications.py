@@ -329,9 +329,8 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
     """RETRYING if the delivery now waits behind a failed one to the same
     receiver (FAILED if it has waited longer than held_delivery_budget()),
     None if it was not waiting for a try, else _NOT_HELD."""
-    delivery = (NotificationDelivery.objects.filter(pk=delivery_id, channel=Channel.WEBHOOK,
-                                                    status__in=(Status.PENDING, Status.RETRYING))
-                .values("user_id", "created_at").first())
+    waiting = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
+    delivery = waiting.filter(channel=Channel.WEBHOOK).values("user_id", "created_at").first()
     url = delivery and NotificationSettings.objects.filter(user_id=delivery["user_id"]).values_list(
         "webhook_url", flat=True).first()
     if not url:
@@ -355,12 +354,11 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
         due = now + max(try_length, timedelta(seconds=first_wait))
         why = f"delivery {retrying['id']}, which this webhook did not take before, is being tried again"
     if now - delivery["created_at"] > held_delivery_budget():
-        waiting = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
         gave_up = waiting.update(
             status=Status.FAILED, next_try_at=None,
             result=f"gave up untried after waiting as long as its own tries would have taken: {why}"[:2000])
         return Status.FAILED if gave_up else None
-    held = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING)).update(
+    held = waiting.update(
         status=Status.RETRYING, target=url, next_try_at=due, result=f"not tried yet: {why}; tried after it"[:2000])
     if not held:
         return None
@@ -473,9 +471,8 @@ def _email_trigger_line(payload: dict[str, Any]) -> str:
                                     payload.get("appExitTriggerTaskIndex"))
     if task:
         return f"Ended by: {task}"
-    if message and message.lower() not in (payload.get("exitReason") or "").lower():
-        return f"Ended: {message}"
-    return ""
+    unsaid = formatting.unsaid_trigger_message(message, payload.get("exitReason") or "")
+    return f"Ended: {unsaid}" if unsaid else ""
 
 
 def _send_email(delivery: NotificationDelivery) -> webhooks.Outcome:

@@ -128,9 +128,11 @@ def worker_stream_limit() -> int:
 
 
 class _WorkerStreams:
-    """This process's open streams, against worker_stream_limit(). Weak: a
-    slot dropped without its release (a response never closed, a bug)
-    gives its place back as it is collected, as its Redis entry runs out."""
+    """This process's open streams: counted against worker_stream_limit(),
+    and the ones its refresher keeps alive in Redis. Weak: a slot dropped
+    without its release (a response never closed, a bug) gives its place
+    back as it is collected, and is no longer refreshed, so its Redis entry
+    runs out too."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -151,6 +153,11 @@ class _WorkerStreams:
         with self._lock:
             self._slots.discard(slot)
 
+    def counted(self) -> list[StreamSlot]:
+        """Those with an entry in Redis (taken while Redis answered)."""
+        with self._lock:
+            return [slot for slot in self._slots if slot.counted]
+
 
 _worker_streams = _WorkerStreams()
 
@@ -168,7 +175,6 @@ class StreamSlot:
             return
         self._released = True
         _worker_streams.give_back(self)
-        _forget(self)
         if not self.counted:
             return
         try:
@@ -262,7 +268,7 @@ def _take_holders(slot: StreamSlot, holder: str) -> None:
         return
     if not taken:
         raise TooManyStreams(limit=limit, anonymous=holder.startswith("address:"))
-    _remember(slot)
+    _ensure_refresher()
 
 
 def stream_hold(*, user: User | AnonymousUser, address: str, content: Iterable[T]) -> HeldStream[T]:
@@ -290,38 +296,28 @@ def _script(redis: Redis, text: str) -> Script:
     return redis.register_script(text)
 
 
-# ----------------------------------------------- this process's open streams
+# ------------------------------------------- this process's refresher
 
-# The slots this process holds, by member. Weak: a response dropped without
-# being closed (a bug) stops being refreshed, so its slot still runs out.
-_held: weakref.WeakValueDictionary[str, StreamSlot] = weakref.WeakValueDictionary()
-_held_lock = threading.Lock()
+_refresher_lock = threading.Lock()
 _refresher_pid: int | None = None
 
 
-def _remember(slot: StreamSlot) -> None:
+def _ensure_refresher() -> None:
+    """One refresher per process, started by its first counted stream: a
+    thread started before gunicorn forks its workers would not exist in them."""
     global _refresher_pid
-    with _held_lock:
-        _held[slot.member] = slot
-        # One refresher per process, started by its first stream: a thread
-        # started before gunicorn forks its workers would not exist in them.
+    with _refresher_lock:
         if _refresher_pid != os.getpid():
             _refresher_pid = os.getpid()
             threading.Thread(target=_refresh_forever, name="stream-slots", daemon=True).start()
 
 
-def _forget(slot: StreamSlot) -> None:
-    with _held_lock:
-        _held.pop(slot.member, None)
-
-
 def _after_fork_in_child() -> None:
     """A forked process holds none of its parent's streams, and must not
     inherit a lock some other thread of the parent held at the fork."""
-    global _held, _held_lock, _worker_streams
-    _held = weakref.WeakValueDictionary()
-    _held_lock = threading.Lock()
+    global _worker_streams, _refresher_lock
     _worker_streams = _WorkerStreams()
+    _refresher_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -339,8 +335,7 @@ def _refresh_forever() -> None:
 def stream_slots_refresh() -> int:
     """Move the time of every slot this process holds SLOT_SECONDS ahead;
     how many there were."""
-    with _held_lock:
-        slots = list(_held.values())
+    slots = _worker_streams.counted()
     if not slots:
         return 0
     try:

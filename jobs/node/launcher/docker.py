@@ -10,8 +10,8 @@ call.
 from __future__ import annotations
 
 import io
-import logging
 import ipaddress
+import logging
 import re
 import socket
 import tarfile

@@ -213,7 +213,9 @@ def status_body(request: HttpRequest, job: Job) -> dict:
             for task in tasks.get(role.name, [])
         ]
         task_roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
-    retried = list(job.attempts.filter(number__lt=job.attempt_number).values_list("exit_type", flat=True))
+    # Attempts are numbered from 1: a job on its first has none before it.
+    retried = [] if job.attempt_number <= 1 else list(
+        job.attempts.filter(number__lt=job.attempt_number).values_list("exit_type", flat=True))
     page_url = request.build_absolute_uri(reverse("jobs:detail", args=[job.pk]))
     return serializers.job_status(job, task_roles, retried_exit_types=retried, page_url=page_url)
 

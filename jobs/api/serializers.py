@@ -83,6 +83,8 @@ def latest_attempts(job: Job) -> dict[int, TaskAttempt]:
     attempts = TaskAttempt.objects.filter(job=job)
     numbers = list(attempts.order_by("-number").values_list("number", flat=True).distinct()[:2])
     latest: dict[int, TaskAttempt] = {}
+    if not numbers:  # never placed yet
+        return latest
     for attempt in attempts.filter(number__in=numbers).order_by("number", "id"):
         latest[attempt.task_id] = attempt
     return latest

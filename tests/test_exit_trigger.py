@@ -307,6 +307,48 @@ def test_a_stopped_jobs_status_names_who_stopped_it_and_no_task(alice, node):
         f"stopped by {alice.username}", None, None)
 
 
+def _messages(job: Job, user) -> tuple[Any, list[Any]]:
+    """appExitMessages of the job's v1 and v2 status (they must agree) and
+    of each of its v2 job attempts."""
+    v1 = _api(user).get(f"/api/v1/user/{job.owner.username}/jobs/{job.name}").json()["jobStatus"]
+    v2 = _api(user).get(f"/api/v2/jobs/{job.owner.username}~{job.name}").json()
+    assert v1["appExitMessages"] == v2["jobStatus"]["appExitMessages"]
+    return v1["appExitMessages"], [a["appExitMessages"] for a in v2["jobAttempts"]]
+
+
+def test_exit_messages_give_the_users_exit_code_and_why_as_openpai_clients_read_them(alice, bob, node):
+    """OpenPAI's job page reads appExitMessages.runtime.originalUserExitCode:
+    the code of the user's command that ended the attempt, only for that."""
+    job = _retried_job(alice, node)  # attempt 1: main-1 exited 3; attempt 2 succeeded
+    status, attempts = _messages(job, alice)
+    assert status == attempts[1] == {"container": None, "runtime": None, "launcher": "all tasks succeeded"}
+    assert attempts[0]["runtime"] == {"originalUserExitCode": 3} and attempts[0]["container"] is None
+    assert attempts[0]["launcher"] == attempt(job, 1).exit_reason and "3" in attempts[0]["launcher"]
+    path = f"/api/v2/jobs/{alice.username}~{job.name}/job-attempts/1"
+    assert _api(alice).get(path).json()["appExitMessages"] == attempts[0]
+    assert _api(bob).get(path).status_code == 404 and Client().get(path).status_code == 401
+
+
+def test_exit_messages_are_null_until_the_end_and_name_no_user_code_for_a_stop(alice, node):
+    job = gpu_job(alice, node)
+    task = start(job)["main-0"]
+    assert _messages(job, alice) == (None, [None])
+    services.job_stop(job=job, by=alice)
+    assert exit_(task, 137)
+    status, attempts = _messages(fresh(job), alice)
+    assert status == attempts[0]
+    assert status["runtime"] is None and status["container"] is None and status["launcher"]
+
+
+def test_a_platform_failure_names_no_user_exit_code(alice, node):
+    job = gpu_job(alice, node)
+    assert exit_(start(job)["main-0"], 137, oom_killed=True)
+    status, attempts = _messages(fresh(job), alice)
+    assert fresh(job).state == State.FAILED
+    assert fresh(job).exit_type == ExitType.OOM
+    assert status == attempts[0] and status["runtime"] is None and status["launcher"] == fresh(job).exit_reason
+
+
 def _described(schema: dict[str, Any]) -> dict[str, Any]:
     return schema["properties"]
 
@@ -330,7 +372,7 @@ def test_the_descriptions_have_the_fields_as_answered(alice, node):
         _check_described(status["jobStatus"], v1_job_status)
         for job_attempt in status["jobAttempts"]:
             _check_described(job_attempt, v2_attempt)
-    for name in ("appExitTriggerMessage", "appExitTriggerTaskRoleName", "appExitTriggerTaskIndex"):
+    for name in ("appExitTriggerMessage", "appExitTriggerTaskRoleName", "appExitTriggerTaskIndex", "appExitMessages"):
         assert "description" in _described(v1_job_status)[name] and _described(v2_attempt)[name]["nullable"]
 
 

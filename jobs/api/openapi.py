@@ -57,6 +57,18 @@ EXIT_TRIGGER: dict[str, Schema] = {
         "description": "that task's index in its role; null for a stop"}),
 }
 
+# Why a job or job attempt ended, in the shape OpenPAI's clients and job
+# page read (appExitMessages.runtime.originalUserExitCode).
+EXIT_MESSAGES: dict[str, Schema] = {
+    "appExitMessages": nullable(obj({
+        "container": nullable({"type": "string", "description": "always null: a task's output is its log"}),
+        "runtime": nullable(obj({"originalUserExitCode": INTEGER}, ["originalUserExitCode"],
+                                description="the exit code of the user's command that ended it; null unless a "
+                                            "task's command exited non-zero")),
+        "launcher": nullable({"type": "string", "description": "why it ended, in words (as appExitDiagnostics)"}),
+    }, ["container", "runtime", "launcher"], description="null until it ends")),
+}
+
 ERROR_TEXT = {
     400: "Invalid parameters (InvalidParametersError, with every problem in the message), or a bad login.",
     401: "No credentials, or a token that is unknown, expired or revoked (UnauthorizedUserError).",
@@ -242,7 +254,7 @@ def _schemas() -> dict[str, Schema]:
                 "appLaunchedTime": nullable(MILLIS),
                 "appCompletedTime": nullable(MILLIS), "appExitCode": nullable(INTEGER),
                 "appExitSpec": nullable(ref("ExitSpec")),
-                "appExitDiagnostics": STRING, **EXIT_TRIGGER,
+                "appExitDiagnostics": STRING, **EXIT_TRIGGER, **EXIT_MESSAGES,
                 "appExitType": nullable(STRING), "virtualCluster": STRING,
             }, ["username", "state", "subState", "executionType", "retries", "createdTime", "virtualCluster"]),
             "taskRoles": {"type": "object", "additionalProperties": obj({

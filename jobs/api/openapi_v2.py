@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from jobs.api import openapi_nodes
 from jobs.api.openapi import (
-    EXIT_TRIGGER, INTEGER, STRING, Schema, _schemas, answer, body, errors, obj, operation, path_param, query_param,
+    EXIT_MESSAGES, EXIT_TRIGGER, INTEGER, STRING, Schema, _schemas, answer, body, errors, obj, operation, path_param, query_param,
     ref,
 )
 
@@ -45,7 +45,7 @@ def _v2_schemas() -> dict[str, Schema]:
         "completedTime": nullable_int, "attemptCompletedTime": nullable_int, "exitCode": nullable_int,
         "exitPhrase": {**STRING, "nullable": True}, "exitType": {**STRING, "nullable": True},
         "exitDiagnostics": STRING, "appExitDiagnostics": {**STRING, "nullable": True},
-        "appExitSpec": {**ref("ExitSpec"), "nullable": True}, **EXIT_TRIGGER,
+        "appExitSpec": {**ref("ExitSpec"), "nullable": True}, **EXIT_TRIGGER, **EXIT_MESSAGES,
         "totalGpuNumber": INTEGER, "totalTaskNumber": INTEGER, "totalTaskRoleNumber": INTEGER,
         "taskRoles": {"type": "object", "additionalProperties": obj({
             "taskRoleStatus": obj({"name": STRING}, ["name"]),

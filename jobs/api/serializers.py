@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from jobs import exit_spec
-from jobs.models import ExitType, Job, JobAttempt, State, Task, TaskAttempt, User
+from jobs.models import FINAL_STATES, ExitType, Job, JobAttempt, State, Task, TaskAttempt, User
 from jobs.services.cluster import Amount, VcUsage
 
 # The fields a job list needs; the heavy ones (config, keys) stay in the database.
@@ -152,6 +152,7 @@ def job_status(job: Job, task_roles: dict[str, Any], *, retried_exit_types: list
             "appExitSpec": exit_spec.as_openpai(job.exit_type, job.exit_code),
             "appExitDiagnostics": job.exit_reason or job.waiting_reason or "",
             **exit_trigger(job),
+            "appExitMessages": exit_messages(job),
             "appExitType": job.exit_type or None,
             "virtualCluster": job.virtual_cluster.name,
         },
@@ -167,6 +168,23 @@ def exit_trigger(ended: Job | JobAttempt) -> dict[str, Any]:
         "appExitTriggerMessage": ended.exit_trigger_message or None,
         "appExitTriggerTaskRoleName": ended.exit_trigger_role or None,
         "appExitTriggerTaskIndex": ended.exit_trigger_index,  # 0 is a task's index, not "none"
+    }
+
+
+def exit_messages(ended: Job | JobAttempt) -> dict[str, Any] | None:
+    """OpenPAI's appExitMessages of a job or job attempt, which its clients
+    and its job page read: null until it ends. `launcher` says why in words
+    (as appExitDiagnostics); `runtime` gives the exit code of the user's
+    command when a task's command exiting non-zero ended it (OpenPAI's
+    originalUserExitCode); `container` is null, as OpenPAI's own REST server
+    answers it (a task's output is its log)."""
+    if ended.state not in FINAL_STATES:
+        return None
+    user_exit = ended.exit_type == ExitType.USER_EXIT and ended.exit_code is not None
+    return {
+        "container": None,
+        "runtime": {"originalUserExitCode": ended.exit_code} if user_exit else None,
+        "launcher": ended.exit_reason or None,
     }
 
 

@@ -149,6 +149,7 @@ def _attempt_body(job: Job, attempt: JobAttempt, statuses_by_role: dict[str, lis
         "appExitDiagnostics": attempt.exit_reason or None,
         "appExitSpec": exit_spec.as_openpai(attempt.exit_type, attempt.exit_code),
         **serializers.exit_trigger(attempt),
+        "appExitMessages": serializers.exit_messages(attempt),
         "totalGpuNumber": job.total_gpus,
         "totalTaskNumber": job.total_tasks,
         "totalTaskRoleNumber": job.total_roles,

@@ -249,6 +249,37 @@ def test_a_refused_stream_closes_what_it_would_have_streamed(alice):
     assert opened.closed
 
 
+@pytest.mark.parametrize("endpoint", [endpoint for endpoint in ENDPOINTS if endpoint.api], ids=str)
+def test_a_head_request_is_answered_with_every_slot_taken_and_takes_none(endpoint, alice, bob):
+    """HEAD has no body: nothing to read (a whole job list), nothing to hold.
+    The pages' downloads answer HEAD with 405 (GET only)."""
+    client, url, streams = _fill(endpoint, alice)
+    answer = client.head(url)
+    assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
+    assert b"".join(answer.streaming_content) == b""
+    assert _held(alice) == LIMIT
+    assert endpoint.client(bob).head(url).status_code == endpoint.stranger
+    assert endpoint.client(None).head(url).status_code == endpoint.anonymous
+    for response in streams:
+        response.close()
+    assert _held(alice) == 0
+
+
+def test_a_head_request_closes_what_it_would_have_streamed_unread(alice):
+    started = []
+
+    def parts() -> Iterator[bytes]:
+        started.append(True)
+        yield b"a whole job list"
+
+    content = parts()
+    assert list(stream_slots.stream_hold(user=alice, address="", content=content, head=True)) == []
+    assert not started and content.gi_frame is None  # closed, never run
+    opened = io.BytesIO(b"an open file or connection")
+    stream_slots.stream_hold(user=alice, address="", content=opened, head=True)
+    assert opened.closed and _held(alice) == 0
+
+
 def test_a_refused_download_closes_its_storage_read_before_reading_any_of_it(alice):
     """storage.files.file_read's content, as a WebHDFS read gives it: open
     before the first byte (files._AtMost passes the close on)."""

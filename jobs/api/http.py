@@ -239,7 +239,8 @@ def streamed(request: HttpRequest, parts: Iterable[bytes]) -> StreamingHttpRespo
     past the web worker's). Call it once the caller may see
     what `parts` holds, so a refused request takes no one's slot."""
     try:
-        held = stream_slots.stream_hold(user=request.user, address=client_address(request), content=parts)
+        held = stream_slots.stream_hold(user=request.user, address=client_address(request), content=parts,
+                                        head=request.method == "HEAD")
     except stream_slots.TooManyStreams as exc:
         raise ApiError(exc.code, exc.message, status=exc.status, headers={"Retry-After": str(exc.retry_after)}) from None
     return StreamingHttpResponse(held, content_type="application/json")

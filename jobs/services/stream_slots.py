@@ -271,11 +271,18 @@ def _take_holders(slot: StreamSlot, holder: str) -> None:
     _ensure_refresher()
 
 
-def stream_hold(*, user: User | AnonymousUser, address: str, content: Iterable[T]) -> HeldStream[T]:
+def stream_hold(*, user: User | AnonymousUser, address: str, content: Iterable[T],
+                head: bool = False) -> Iterable[T]:
     """`content` to stream, counted toward its caller's limit until it is
     closed. Call it once the caller may see what `content` holds: a refused
     or unauthorised request must not take the owner's slots. Raises
-    TooManyStreams, having closed `content` (an open file or connection)."""
+    TooManyStreams, having closed `content` (an open file or connection).
+    For a HEAD request (`head`), whose answer has no body, `content` is
+    closed unread and nothing is taken: a HEAD of a whole job list or a file
+    used to read it all for nothing."""
+    if head:
+        _close(content)
+        return ()
     try:
         slot = stream_slot_take(holder=holder_of(user=user, address=address))
     except TooManyStreams:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from jobs.api import openapi_nodes
 from jobs.api.openapi import (
-    EXIT_MESSAGES, EXIT_TRIGGER, INTEGER, STRING, Schema, _schemas, answer, body, errors, obj, operation, path_param, query_param,
-    ref,
+    EXIT_MESSAGES, EXIT_TRIGGER, INTEGER, STRING, Schema, _schemas, answer, body, errors, obj, operation, path_param,
+    query_param, ref,
 )
 
 JOB_PARAMS = [path_param("username", "the job owner's username"), path_param("name", "the job's name")]

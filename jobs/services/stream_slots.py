@@ -278,8 +278,9 @@ def stream_hold(*, user: User | AnonymousUser, address: str, content: Iterable[T
     or unauthorised request must not take the owner's slots. Raises
     TooManyStreams, having closed `content` (an open file or connection).
     For a HEAD request (`head`), whose answer has no body, `content` is
-    closed unread and nothing is taken: a HEAD of a whole job list or a file
-    used to read it all for nothing."""
+    closed unread and nothing is taken: a HEAD of the API's whole job list
+    or job attempts used to read them all for nothing (the pages' downloads
+    take GET only)."""
     if head:
         _close(content)
         return ()

@@ -355,3 +355,68 @@ def test_it_authorizes_the_ssh_plugins_public_keys_and_refuses_what_is_not_one()
     assert not [w for w in parsed.warnings if "userssh" in w.path]
     bad = {"plugin": "ssh", "parameters": {"userssh": {"type": "custom", "value": "not a key"}}}
     assert any("userssh.value" in p for p in problems(minimal(extras={"com.microsoft.pai.runtimeplugin": [bad]})))
+
+
+@pytest.mark.parametrize("task_roles", [["main"], "main", 1, True])
+def test_a_chosen_deployment_whose_task_roles_is_no_mapping_is_named_not_a_crash(task_roles):
+    config = minimal(deployments=[{"name": "prod", "taskRoles": task_roles}], defaults={"deployment": "prod"})
+    with pytest.raises(SpecError) as caught:
+        parse(config)
+    assert [p.path for p in caught.value.problems] == ["deployments[0].taskRoles"]
+
+
+def test_a_deployment_takes_a_version_as_openpais_own_example_gives_it_and_warns_of_other_fields():
+    config = minimal(deployments=[{"name": "prod", "version": 1.0, "owner": "lab",
+                                   "taskRoles": {"main": {"preCommands": ["echo pre"]}}}],
+                     defaults={"deployment": "prod"})
+    parsed = parse(config)
+    assert parsed.spec.role("main").command == "echo pre && echo hi"
+    assert [w.path for w in parsed.warnings if w.path.startswith("deployments")] == ["deployments[0].owner"]
+
+
+@pytest.mark.parametrize("name, value", [("admin_user", "admin"), ("db_password", "secret"), ("pass", "pass")])
+def test_a_secret_spelled_inside_its_own_reference_still_reaches_the_container(name, value):
+    config = minimal(secrets={name: value, "other": f"x{value}x"})
+    config["taskRoles"]["main"]["commands"] = [f"login --user <% $secrets.{name} %> --also x{value}x {value}"]
+    parsed = parse(config)
+    command = parsed.spec.role("main").command
+    assert command == f"login --user <% $secrets.{name} %> --also <% $secrets.other %> <% $secrets.{name} %>"
+    assert resolve_secrets(command, parsed.secrets) == f"login --user {value} --also x{value}x {value}"
+
+
+def test_the_kept_text_masks_secrets_but_not_the_names_a_clone_needs():
+    text = """\
+protocolVersion: 2
+name: named_like_secrets
+type: job
+secrets:
+  docker_password: password   # the password is password
+  admin_user: admin
+prerequisites:
+  - name: img
+    type: dockerimage
+    uri: busybox
+    auth: {username: <% $secrets.admin_user %>, password: <% $secrets.docker_password %>}
+taskRoles:
+  main:
+    dockerImage: img
+    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}
+    commands: ["echo <% $secrets.admin_user %> admin"]
+"""
+    parsed = parse(text)
+    assert "docker_password: '******'   # the ****** is ******" in parsed.raw
+    assert "admin_user: '******'" in parsed.raw
+    assert "password: <% $secrets.docker_password %>" in parsed.raw
+    assert '"echo <% $secrets.admin_user %> ******"' in parsed.raw
+    # A clone: the same text with the secrets typed in again parses as the original did.
+    again = parse(parsed.raw.replace("docker_password: '******'", "docker_password: password")
+                  .replace("admin_user: '******'", "admin_user: admin"))
+    assert again.spec.image_auth == parsed.spec.image_auth
+    assert resolve_secrets(again.spec.role("main").command, again.secrets) == "echo admin ******"
+
+
+@pytest.mark.parametrize("scalar", [".nan", ".inf", "-.Inf", "+.INF", "1e999"])
+def test_a_number_json_cannot_hold_is_refused_with_its_field_and_line(scalar):
+    found = problems(yaml.safe_dump(minimal(), sort_keys=False) + f"extras:\n  note: {scalar}\n")
+    assert any(p.startswith("extras.note: ") and scalar in p and "(line 18, column 9)" in p and ("finite" in p or "too large" in p)
+               for p in found), found

@@ -152,7 +152,7 @@ def read_config(text: str) -> ConfigDocument:
     try:
         document = yaml_reader.load(text)
     except yaml_reader.YamlProblem as exc:
-        raise SpecError([SpecProblem("", exc.message, exc.line, exc.column)]) from None
+        raise SpecError([SpecProblem(exc.path, exc.message, exc.line, exc.column)]) from None
     return ConfigDocument(2, document.value, document.positions, document)
 
 

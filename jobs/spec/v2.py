@@ -54,6 +54,9 @@ ROLE_PREREQUISITES = {"dockerImage": "dockerimage", "script": "script", "data": 
 JOB_FIELDS = ("protocolVersion", "name", "type", "version", "contributor", "description", "prerequisites",
               "parameters", "secrets", "jobRetryCount", "taskRoles", "deployments", "defaults", "extras")
 PREREQUISITE_FIELDS = ("protocolVersion", "name", "type", "version", "contributor", "description", "uri", "auth")
+# A deployment's own fields, and the base fields every protocol item may
+# carry (OpenPAI's example gives its deployment a version).
+DEPLOYMENT_FIELDS = ("protocolVersion", "name", "version", "contributor", "description", "taskRoles")
 ROLE_FIELDS = ("protocolVersion", "instances", "completion", "taskRetryCount", "dockerImage", "data", "output",
                "script", "extraContainerOptions", "resourcePerInstance", "commands")
 RESOURCE_FIELDS = ("cpu", "memoryMB", "gpu", "ports")
@@ -271,7 +274,7 @@ class V2Validator(_Validator):
             if not isinstance(item, dict):
                 self.error(path, f"expected a mapping with name and taskRoles, got {_describe(item)}")
                 continue
-            self.refuse_unknown(item, path, ("protocolVersion", "name", "taskRoles"), "a deployment")
+            self.deployment_fields(item, path)
             name = self.string(item, "name", path, required=True, pattern=NAME_RE, allow_empty=False,
                                pattern_help="letters, digits, _ and -", max_length=255)
             self.deployment_roles(item, path, value.get("taskRoles"))
@@ -288,6 +291,14 @@ class V2Validator(_Validator):
             self.error("defaults.deployment", f'deployment "{chosen}" does not exist; deployments: {known}')
             return None
         return named[chosen]
+
+    def deployment_fields(self, item: dict, path: str) -> None:
+        """OpenPAI's schema takes any field on a deployment besides its own,
+        unchecked, so an unknown one is warned about here, not refused."""
+        for key in item:
+            if key not in DEPLOYMENT_FIELDS:
+                self.warn(f"{path}.{key}", f'unknown field "{key}" is not used (a deployment takes '
+                                           f'{", ".join(DEPLOYMENT_FIELDS)})')
 
     def deployment_roles(self, item: dict, path: str, task_roles: Any) -> None:
         roles = self.mapping(item, "taskRoles", path, required=True)
@@ -325,7 +336,7 @@ class V2Validator(_Validator):
                 self.error(path, f"expected a mapping with dockerImage, resourcePerInstance and commands, got "
                                  f"{_describe(role)}")
                 continue
-            hooks = ((deployment[1].get("taskRoles") or {}).get(name), f"{deployment[0]}.taskRoles.{name}") \
+            hooks = (_deployed_roles(deployment).get(name), f"{deployment[0]}.taskRoles.{name}") \
                 if deployment else (None, "")
             spec = self.task_role(name, role, path, prerequisites, parameters, secrets, hooks)
             if spec is not None:
@@ -587,6 +598,13 @@ def default_shm_mb(memory_mb: int) -> int:
     but (ours) never more than the role's memory, so that a small role is
     not refused for a size it did not ask for."""
     return min(DEFAULT_SHM_MB, memory_mb)
+
+
+def _deployed_roles(deployment: tuple[str, dict]) -> dict:
+    """The chosen deployment's entries by task role; {} when its taskRoles is
+    no mapping (deployment_roles reports that)."""
+    roles = deployment[1].get("taskRoles")
+    return roles if isinstance(roles, dict) else {}
 
 
 def _image_of(item: dict) -> tuple[str, dict[str, str] | None]:

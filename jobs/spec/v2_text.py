@@ -12,7 +12,8 @@ SECRET_REF makes, until the node agent starts the container
 
 Masking: what a job keeps of the text as submitted has every secret value
 replaced by MASK (in place, comments and layout kept), and any other place
-the text spells a secret of at least MIN_SCRUBBED characters is masked too.
+the text spells a secret of at least MIN_SCRUBBED characters is masked too,
+but for mapping keys and secret references: those are names.
 Pure: no Django, no I/O.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -152,19 +154,41 @@ def as_references(command: str, secrets: Any) -> str:
     """A command with every literal spelling of a secret (MIN_SCRUBBED
     characters or more) turned into its reference: the stored job then holds
     no secret even where the user typed one out."""
+    references: dict[str, str] = {}
     for path, text in secret_leaves(secrets):
         if len(text) >= MIN_SCRUBBED:
-            command = command.replace(text, secret_ref(path))
-    return command
+            references.setdefault(text, secret_ref(path))
+    if not references:
+        return command
+    # One pass, longest spelling first, so that no reference just written is
+    # rewritten by a shorter secret spelled inside it.
+    spelled = re.compile("|".join(map(re.escape, references)))
+    return _outside_references(command, lambda part: spelled.sub(lambda found: references[found.group(0)], part))
 
 
 def scrub(text: str, secrets: Any) -> str:
     """`text` with every spelling of a secret (of MIN_SCRUBBED characters or
     more) masked: for messages and anything else a secret may reach."""
-    for secret in secret_values(secrets):
-        if len(secret) >= MIN_SCRUBBED:
-            text = text.replace(secret, MASK)
-    return text
+    def masked(part: str) -> str:
+        for secret in secret_values(secrets):
+            if len(secret) >= MIN_SCRUBBED:
+                part = part.replace(secret, MASK)
+        return part
+
+    return _outside_references(text, masked)
+
+
+def _outside_references(text: str, change: Callable[[str], str]) -> str:
+    """`text` with `change` applied to all but its secret references: inside
+    one a secret's spelling is part of a name (`admin` in
+    <% $secrets.admin_user %>), and the reference must still name it."""
+    pieces: list[str] = []
+    end = 0
+    for reference in _SECRET_REF_RE.finditer(text):
+        pieces += [change(text[end:reference.start()]), reference.group(0)]
+        end = reference.end()
+    pieces.append(change(text[end:]))
+    return "".join(pieces)
 
 
 def masked_value(value: dict[str, Any]) -> dict[str, Any]:
@@ -182,21 +206,54 @@ def masked_yaml(text: str, document: YamlDocument) -> str:
     secrets = document.value.get("secrets") if isinstance(document.value, dict) else None
     if not isinstance(secrets, dict) or not secrets:
         return text
-    spans = sorted(_secret_spans(document), reverse=True)
-    masked = text
-    for start, end in spans:
-        span = masked[start:end]
-        tail = span[len(span.rstrip("\n")):]
-        masked = masked[:start] + f"'{MASK}'" + tail + masked[end:]
-    masked = scrub(masked, secrets)
+    masked = _masked_in_place(text, document, secrets)
     if _is_masked(masked, document.value):
         return masked
-    dumped = yaml.safe_dump(masked_value(document.value), sort_keys=False, allow_unicode=True)
-    return scrub(dumped, secrets)
+    return yaml.safe_dump(_scrub_all(masked_value(document.value), secrets), sort_keys=False, allow_unicode=True)
 
 
 def masked_json(value: dict[str, Any]) -> str:
-    return scrub(json.dumps(masked_value(value), indent=2, ensure_ascii=False), value.get("secrets")) + "\n"
+    return json.dumps(_scrub_all(masked_value(value), value.get("secrets")), indent=2, ensure_ascii=False) + "\n"
+
+
+def _masked_in_place(text: str, document: YamlDocument, secrets: dict[str, Any]) -> str:
+    """Each secret's value replaced by MASK where it stands, and any other
+    spelling of a secret masked (comments too), but for mapping keys: they
+    are names (a secret's own, `password` under auth), and a clone of the
+    job needs them as they are."""
+    edits = sorted([(start, end, True) for start, end in _secret_spans(document)]
+                   + [(start, end, False) for start, end in _key_spans(document.root)])
+    pieces: list[str] = []
+    done = 0
+    for start, end, is_secret in edits:
+        if start < done:
+            continue  # none overlap in what the reader takes (keys are scalars); never write text twice
+        pieces.append(scrub(text[done:start], secrets))
+        span = text[start:end]
+        pieces.append(f"'{MASK}'" + span[len(span.rstrip("\n")):] if is_secret else span)
+        done = end
+    pieces.append(scrub(text[done:], secrets))
+    return "".join(pieces)
+
+
+def _key_spans(root: yaml.Node) -> set[tuple[int, int]]:
+    spans: set[tuple[int, int]] = set()
+    seen: set[int] = set()
+
+    def walk(node: yaml.Node) -> None:
+        if id(node) in seen:  # an alias is the same node again
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                spans.add((key.start_mark.index, key.end_mark.index))
+                walk(value)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item)
+
+    walk(root)
+    return spans
 
 
 def _secret_spans(document: YamlDocument) -> list[tuple[int, int]]:
@@ -230,7 +287,7 @@ def _is_masked(masked: str, original: dict[str, Any]) -> bool:
 
 def _scrub_all(value: Any, secrets: Any) -> Any:
     if isinstance(value, dict):
-        return {scrub(key, secrets): _scrub_all(item, secrets) for key, item in value.items()}
+        return {key: _scrub_all(item, secrets) for key, item in value.items()}
     if isinstance(value, list):
         return [_scrub_all(item, secrets) for item in value]
     return scrub(value, secrets) if isinstance(value, str) else value

@@ -16,6 +16,7 @@ aliases are refused too. Pure: no Django, no I/O.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,13 +40,15 @@ _PLAIN_TAGS = {_TAG + kind for kind in ("str", "int", "float", "bool", "null", "
 
 
 class YamlProblem(Exception):
-    """The text is not YAML we read; `line` and `column` are 1-based."""
+    """The text is not YAML we read; `line` and `column` are 1-based, `path`
+    the field whose value it is (for a value that cannot be read)."""
 
     def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.line = line
         self.column = column
+        self.path = ""
 
 
 class _CoreResolver(BaseResolver):
@@ -213,7 +216,11 @@ class _Builder:
         if node.tag not in _PLAIN_TAGS:
             raise YamlProblem(f"the tag {node.tag} is not allowed here; write plain values", *_mark(node.start_mark))
         if isinstance(node, ScalarNode):
-            return _scalar(node, _text(node))
+            try:
+                return _scalar(node, _text(node))
+            except YamlProblem as exc:
+                exc.path = path
+                raise
         if isinstance(node, SequenceNode):
             return [self.value(item, f"{path}[{index}]") for index, item in enumerate(node.value)]
         return self.mapping(node, path)
@@ -276,11 +283,16 @@ def _scalar(node: ScalarNode, text: str) -> Any:
         except ValueError:
             raise YamlProblem(f"{text!r} is not a whole number", *_mark(node.start_mark)) from None
     if tag == _TAG + "float":
-        lowered = text.lower().lstrip("+")
-        if lowered in (".inf", "-.inf", ".nan"):
-            return float(lowered.replace(".", ""))
+        # A job is kept as JSON, which has no infinity or NaN (v1's reader
+        # refuses them too): refused here, with the line, not by the database.
+        if text.lower().lstrip("+-") in (".inf", ".nan"):
+            raise YamlProblem(f"{text!r} is not a finite number: a config holds no infinity or NaN",
+                              *_mark(node.start_mark))
         try:
-            return float(text)
+            number = float(text)
         except ValueError:
             raise YamlProblem(f"{text!r} is not a number", *_mark(node.start_mark)) from None
+        if not math.isfinite(number):
+            raise YamlProblem(f"{text!r} is too large a number", *_mark(node.start_mark))
+        return number
     return text

@@ -114,6 +114,7 @@ def test_it_answers_a_scraper_with_metrics_token_and_only_that(alice, settings):
     assert scrape(HTTP_AUTHORIZATION=f"Bearer {METRICS_TOKEN}").status_code == 200
     assert scrape(HTTP_AUTHORIZATION=f"Bearer {METRICS_TOKEN[:-1]}x").status_code == 401
     assert scrape(HTTP_AUTHORIZATION=f"Basic {METRICS_TOKEN}").status_code == 401
+    assert scrape(HTTP_AUTHORIZATION="Bearer \u00e9t\u00e9").status_code == 401  # not ASCII: was a 500
     assert scrape(logged_in(alice)).status_code == 403
     assert Client().post("/metrics", HTTP_AUTHORIZATION=f"Bearer {METRICS_TOKEN}").status_code == 405
 

@@ -17,7 +17,7 @@ from django.test import Client
 
 from jobs.models import Job, JobTag
 from jobs.services import tokens
-from tests.test_pages import ended_job
+from tests.test_pages import ended_job, task_attempt
 
 HUGE = "9" * 30
 ODD = ["²", "٣", HUGE, "-1", "1.0"]
@@ -125,3 +125,56 @@ def test_tags_are_changed_by_their_owner_only_through_rest_v2_too(alice, admin_u
                          **_bearer(admin_user)).status_code == 404
     assert list(JobTag.objects.filter(job=job).values_list("value", flat=True)) == ["mine"]
     assert client.get(f"/api/v2/jobs/{alice.username}~tagged", **_bearer(admin_user)).json()["tags"] == ["mine"]
+
+
+NUL_API_PATHS = ["/api/v1/user/{u}%00/jobs/x", "/api/v1/user/{u}/jobs/x%00", "/api/v2/jobs/{u}~x%00",
+                 "/rest-server/api/v2/jobs?keyword=a%00", "/api/v2/jobs?username={u}%00", "/api/v1/jobs?username={u}%00"]
+NUL_PAGES = ["/?q=a%00", "/?user=a%00", "/jobs/rows/?q=a%00", "/jobs/{job}/?attempt=1%00", "/storage/?path=a%00"]
+
+
+def test_a_nul_in_a_path_or_query_is_a_400_before_any_lookup(alice, bob):
+    """PostgreSQL cannot compare a string holding NUL: without this, each of
+    these was a 500 there (SQLite found nothing)."""
+    job = ended_job(alice, "nul-job")
+    client = Client(raise_request_exception=False)
+    for user, auth in ((alice, _bearer(alice)), (bob, _bearer(bob)), (None, {})):
+        for path in NUL_API_PATHS:
+            answer = client.get(path.format(u=alice.username), **auth)
+            assert answer.status_code == 400, (path, user, answer.status_code)
+            assert answer.json()["code"] == "InvalidParametersError" and "NUL" in answer.json()["message"]
+    for user in (alice, bob):
+        for path in NUL_PAGES:
+            assert _signed_in(user).get(path.format(job=job.pk)).status_code == 400, (path, user)
+    assert client.get(NUL_PAGES[0]).status_code == 400  # anonymous: refused before the login redirect
+    assert client.get(f"/api/v1/user/{alice.username}/jobs/nul-job", **_bearer(alice)).status_code == 200
+    assert _signed_in(alice).get("/", {"q": "nul"}).status_code == 200
+
+
+def test_more_query_parameters_than_django_reads_is_a_400_not_a_500(alice):
+    query = "&".join("a" for _ in range(1001))
+    client, auth = Client(raise_request_exception=False), _bearer(alice)
+    for path in ("/api/v1/jobs", "/api/v2/jobs"):
+        answer = client.get(f"{path}?{query}", **auth)
+        assert answer.status_code == 400 and "more than 1000 query parameters" in answer.json()["message"], path
+    assert client.get(f"/api/v1/jobs?{query}").status_code == 401  # anonymous: no further
+
+
+def test_a_very_long_keyword_matches_nothing_rather_than_failing(alice):
+    ended_job(alice, "kw-long")  # SQLite checks a LIKE pattern only once a row reaches it
+    client, auth = Client(raise_request_exception=False), _bearer(alice)
+    answer = client.get("/api/v2/jobs", {"keyword": "kw-long" + "x" * 60_000}, **auth)
+    assert answer.status_code == 200 and answer.json() == []
+    assert [job["name"] for job in client.get("/api/v2/jobs", {"keyword": "kw-long"}, **auth).json()] == ["kw-long"]
+
+
+@pytest.mark.parametrize("since", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:00"])
+def test_a_usage_since_past_the_ends_of_the_calendar_is_a_400(alice, bob, since):
+    job = ended_job(alice, f"since-{since[:4]}")
+    task_attempt(job)
+    client = Client(raise_request_exception=False)
+    for path in (f"/api/v1/user/{alice.username}/jobs/{job.name}/tasks/main/0/metrics",
+                 f"/api/v2/jobs/{alice.username}~{job.name}/metrics"):
+        answer = client.get(path, {"since": since}, **_bearer(alice))
+        assert answer.status_code == 400 and "years 1 and 9999" in answer.json()["message"], (path, answer.content)
+        assert client.get(path, {"since": since}, **_bearer(bob)).status_code == 404
+        assert client.get(path, {"since": since}).status_code == 401

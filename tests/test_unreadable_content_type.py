@@ -42,3 +42,16 @@ def test_the_same_request_with_a_readable_content_type_still_works(alice):
 def test_the_upload_reader_names_the_header_it_cannot_read():
     with pytest.raises(MultipartError, match="the Content-Type header cannot be read"):
         boundary_of(UNREADABLE)
+
+
+@pytest.mark.parametrize("content_type, body, words", [
+    ("multipart/form-data", b"username=a&password=b", "multipart/form-data body cannot be read"),
+    ("multipart/form-data; boundary=", b"username=a&password=b", "multipart/form-data body cannot be read"),
+    ("application/x-www-form-urlencoded", b"a=1&" * 1001, "more than 1000 query parameters or form fields"),
+])
+def test_a_body_django_refuses_to_read_is_a_400_naming_why(alice, content_type, body, words):
+    """Django's own refusals while reading a form (no boundary, too many
+    fields) are 400s on pages; the API's catch-all made them 500s."""
+    status, answer = _call("/api/v1/token", content_type, body)
+    assert status.startswith("400"), (status, answer)
+    assert json.loads(answer)["code"] == "InvalidParametersError" and words in json.loads(answer)["message"]

@@ -12,8 +12,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.multipartparser import MultiPartParserError
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.csrf import csrf_exempt
@@ -84,6 +85,14 @@ def _dispatch(request: HttpRequest, function: Handler | None, allow: str, kwargs
     except RequestDataTooBig:
         return error_response("RequestTooLargeError",
                               f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 1024} KB.")
+    except (TooManyFieldsSent, TooManyFilesSent):
+        return error_response("InvalidParametersError", "The request has more than "
+                              f"{settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} query parameters or form fields.")
+    except MultiPartParserError as exc:
+        return error_response("InvalidParametersError", f"The multipart/form-data body cannot be read: {exc}")
+    except SuspiciousOperation:  # what Django refuses with a 400 on a page
+        log.warning("API %s %s refused as suspicious", request.method, request.path, exc_info=True)
+        return error_response("InvalidParametersError", "The request was refused as malformed.")
     except Http404:
         return error_response("NoApiError", "Not found.")
     except Exception:

@@ -20,7 +20,9 @@ def _scraper(request: HttpRequest) -> bool:
     """The request carries METRICS_TOKEN (compared in constant time)."""
     expected = settings.METRICS_TOKEN
     scheme, _, value = request.META.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
-    return bool(expected) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), expected)
+    value = value.strip()
+    # compare_digest refuses a str holding anything but ASCII, which no token holds.
+    return bool(expected) and scheme.lower() == "bearer" and value.isascii() and hmac.compare_digest(value, expected)
 
 
 @login_not_required  # a scraper has no session: checked here instead

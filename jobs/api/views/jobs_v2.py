@@ -22,7 +22,7 @@ from jobs.api.errors import ApiError, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, json_body, ok, resource, streamed
 from jobs.api.views import jobs as v1
 from jobs.ids import parse_id
-from jobs.models import Job, JobAttempt, JobTag, State, TaskAttempt
+from jobs.models import Job, JobAttempt, JobTag, State, TaskAttempt, User, VirtualCluster
 from jobs.services import listing, tags
 from jobs.spec import protocol_of
 
@@ -36,6 +36,10 @@ ORDER_FIELDS = {
 
 def _names(value: str | None) -> list[str]:
     return [item for item in (value or "").split(",") if item]
+
+
+_KEYWORD_FIELDS_LENGTH = max(Job._meta.get_field("name").max_length, User._meta.get_field("username").max_length,
+                             VirtualCluster._meta.get_field("name").max_length)
 
 
 def _filtered(request: HttpRequest) -> QuerySet[Job]:
@@ -53,8 +57,11 @@ def _filtered(request: HttpRequest) -> QuerySet[Job]:
             raise invalid(f"state {', '.join(unknown)} is not one of {', '.join(State.values)}, UNKNOWN.")
         jobs = jobs.filter(state__in=states)
     if keyword := params.get("keyword"):
-        jobs = jobs.filter(Q(name__icontains=keyword) | Q(owner__username__icontains=keyword)
-                           | Q(virtual_cluster__name__icontains=keyword))
+        # Longer than every field it is looked for in, it matches nothing (and
+        # SQLite would refuse a LIKE pattern over 50,000 bytes).
+        jobs = jobs.none() if len(keyword) > _KEYWORD_FIELDS_LENGTH else jobs.filter(
+            Q(name__icontains=keyword) | Q(owner__username__icontains=keyword)
+            | Q(virtual_cluster__name__icontains=keyword))
     if wanted := _names(params.get("tagsContain")):
         jobs = jobs.filter(pk__in=JobTag.objects.filter(value__in=wanted).values("job_id"))
     if unwanted := _names(params.get("tagsNotContain")):

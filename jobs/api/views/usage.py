@@ -37,7 +37,10 @@ def _since(request: HttpRequest) -> datetime | None:
         parsed = None
     if parsed is None:
         raise invalid(f"since must be an ISO-8601 time such as 2026-05-04T10:11:12Z, got {raw!r}.")
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    except OverflowError:  # 9999-12-31T23:59-01:00 is after the last moment a time can hold
+        raise invalid(f"since must be a time between the years 1 and 9999 in UTC, got {raw!r}.") from None
 
 
 @handler(Access.USER)

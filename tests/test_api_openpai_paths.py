@@ -2,7 +2,8 @@
 REST server and SDK): jobs named by their framework name `<user>~<job>`,
 POST /jobs as oneself, 202 for a deleted job, OpenPAI's task states, every
 usable virtual cluster in a user's `virtualCluster`, and OpenPAI's statuses
-for a user or virtual cluster that is not there.
+for a user or virtual cluster that is not there, and a job stopped with a
+form-encoded PUT (OpenPAI's jQuery portal's).
 
 In-process, through Django's test client. Users: alice (owner), bob
 (another user), an admin; each test makes its own.
@@ -16,11 +17,12 @@ from datetime import timedelta
 from django.test import Client
 
 from jobs import services
-from jobs.models import Job, JobAttempt, State, Task, TaskAttempt, TaskState
+from jobs.models import Job, JobAttempt, JobTag, State, Task, TaskAttempt, TaskState
 from jobs.services import tokens
 from tests.helpers import config, role
 
 NEVER_FITS_GPUS = 64  # no node has that many: the jobs here wait until they are stopped, whatever agents run
+FORM = "application/x-www-form-urlencoded"
 
 
 def _api(user=None) -> Client:
@@ -31,6 +33,10 @@ def _api(user=None) -> Client:
 
 def _json(response) -> dict:
     return json.loads(response.content)
+
+
+def _waiting_job(user, name: str) -> Job:
+    return services.job_submit(owner=user, config=json.dumps(config(name, role(gpus=NEVER_FITS_GPUS))))
 
 
 def test_a_job_is_reached_by_its_framework_name_and_submitted_as_oneself(alice, bob, redis_server):
@@ -123,3 +129,20 @@ def test_a_user_or_virtual_cluster_that_is_not_there_gets_openpais_status(alice,
         {"virtualClusters": "default"}), content_type="application/json").status_code == 403
     assert _api().delete("/api/v1/user", json.dumps({"username": "ghost_nobody"}),
                          content_type="application/json").status_code == 401
+
+
+def test_a_job_is_stopped_and_tagged_with_form_bodies_as_openpais_jquery_portal_sends_them(alice, bob, redis_server):
+    """$.ajax({type: 'PUT', data: {value: 'STOP'}}) sends a form, not JSON;
+    Django reads forms of POST requests only."""
+    job = _waiting_job(alice, "form_stop")
+    charset = FORM + "; charset=UTF-8"
+    tag = f"/api/v2/jobs/{alice.username}~form_stop/tag"
+    assert _api(alice).put(tag, "value=form+tag", content_type=charset).status_code == 200
+    assert list(JobTag.objects.filter(job=job).values_list("value", flat=True)) == ["form tag"]
+    assert _api(alice).delete(tag, "value=form+tag", content_type=charset).status_code == 200
+    assert not JobTag.objects.filter(job=job).exists()
+    stop = f"/api/v1/user/{alice.username}/jobs/form_stop/executionType"
+    assert _api(bob).put(stop, "value=STOP", content_type=charset).status_code == 404
+    assert _api(alice).put(stop, "value=STOP", content_type=charset).status_code == 202
+    job.refresh_from_db()
+    assert job.state == State.STOPPED

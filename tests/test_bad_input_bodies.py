@@ -17,7 +17,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from jobs.models import ApiToken, Job, JobTag, NodeJoinToken
+from jobs.models import ApiToken, Job, JobTag, NodeJoinToken, State
 from jobs.services import job_submit, tokens
 from tests.conftest import unique
 from tests.helpers import BUSYBOX_IMAGE, config, hold_vc, role
@@ -159,6 +159,42 @@ def test_it_refuses_nul_in_a_json_body_and_in_a_form(alice):
     response = Client().post("/api/v1/token", "username=a%00&password=x",
                              content_type="application/x-www-form-urlencoded")
     assert response.status_code == 400 and response.json()["message"].startswith("username: ")
+
+
+@pytest.mark.parametrize("content_type, body, words", [
+    ("application/x-www-form-urlencoded; charset=latin-1", b"value=STOP", "must be UTF-8 text, not charset=latin-1"),
+    ("application/x-www-form-urlencoded; charset=no-such-codec", b"value=STOP", "not charset=no-such-codec"),
+    ("application/x-www-form-urlencoded", b"value=ST\xd6P", "not UTF-8 text"),
+    ("application/x-www-form-urlencoded", b"value=ST%D6P", "not UTF-8 text"),
+    ("application/x-www-form-urlencoded", b"&".join(b"f%d=1" % i for i in range(1001)), "more than 1000 fields"),
+])
+def test_it_refuses_a_form_body_it_cannot_read_whatever_the_method(alice, job, content_type, body, words):
+    """Forms are read for PUT and DELETE too (OpenPAI's jQuery portal stops a
+    job with one); text that is not UTF-8 is refused, not guessed at."""
+    for method, path in (("POST", "/api/v1/token"),
+                         ("PUT", f"/api/v1/user/{alice.username}/jobs/{job.name}/executionType"),
+                         ("DELETE", f"/api/v2/jobs/{alice.username}~{job.name}/tag")):
+        response = Client().generic(method, path, body, content_type=content_type, **_auth(alice))
+        assert response.status_code == 400, (method, response.status_code, response.content[:300])
+        assert response.json()["code"] == "InvalidParametersError" and words in response.json()["message"], method
+    job.refresh_from_db()
+    assert job.state != State.STOPPED
+
+
+def test_it_refuses_a_form_django_cannot_parse_read_by_a_view_or_by_the_csrf_check(alice):
+    """A session's POST form is read by Django's CSRF check first (no
+    X-CSRFToken header here), before the view could refuse it itself."""
+    session = Client(enforce_csrf_checks=True)
+    session.force_login(alice)
+    session.cookies["csrftoken"] = "a" * 32
+    for client, path, content_type, body, words in (
+            (Client(), "/api/v1/token", "multipart/form-data", b"--x--", "Invalid boundary in multipart"),
+            (session, "/api/v1/jobs", "application/x-www-form-urlencoded; charset=latin-1", b"value=x", "UTF-8"),
+            (session, "/api/v1/jobs", "multipart/form-data", b"--x--", "Invalid boundary in multipart")):
+        response = client.post(path, body, content_type=content_type)
+        assert response.status_code == 400, (path, response.content[:300])
+        message = response.json()["message"]
+        assert "body cannot be read: " in message and words in message, message
 
 
 # ------------------------------------------- API: v2 YAML the reader refuses

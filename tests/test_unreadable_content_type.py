@@ -47,7 +47,7 @@ def test_the_upload_reader_names_the_header_it_cannot_read():
 @pytest.mark.parametrize("content_type, body, words", [
     ("multipart/form-data", b"username=a&password=b", "multipart/form-data body cannot be read"),
     ("multipart/form-data; boundary=", b"username=a&password=b", "multipart/form-data body cannot be read"),
-    ("application/x-www-form-urlencoded", b"a=1&" * 1001, "more than 1000 query parameters or form fields"),
+    ("application/x-www-form-urlencoded", b"a=1&" * 1001, "more than 1000 fields"),
 ])
 def test_a_body_django_refuses_to_read_is_a_400_naming_why(alice, content_type, body, words):
     """Django's own refusals while reading a form (no boundary, too many

@@ -5,14 +5,17 @@ parameters, and turns every failure into OpenPAI-style JSON.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import parse_qsl
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent, TooManyFilesSent
+from django.core.exceptions import (BadRequest, RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent,
+                                    TooManyFilesSent)
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.urls import reverse
@@ -90,6 +93,8 @@ def _dispatch(request: HttpRequest, function: Handler | None, allow: str, kwargs
                               f"{settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} query parameters or form fields.")
     except MultiPartParserError as exc:
         return error_response("InvalidParametersError", f"The multipart/form-data body cannot be read: {exc}")
+    except BadRequest as exc:  # a form Django will not decode, read by a view or by a session's CSRF check
+        return error_response("InvalidParametersError", f"The request body cannot be read: {exc}")
     except SuspiciousOperation:  # what Django refuses with a 400 on a page
         log.warning("API %s %s refused as suspicious", request.method, request.path, exc_info=True)
         return error_response("InvalidParametersError", "The request was refused as malformed.")
@@ -131,12 +136,16 @@ def _preflight(request: HttpRequest, allow: str) -> HttpResponse:
 
 def json_body(request: HttpRequest) -> dict[str, Any]:
     """The request's parameters as a dict: a JSON object, or a form (OpenPAI's
-    own docs get a token with `curl -d username=... -d password=...`)."""
+    own docs get a token with `curl -d username=... -d password=...`, and its
+    jQuery web portal stops a job with a form-encoded PUT)."""
     raw = request.body
     content_type = request.content_type or ""
     stripped = raw.lstrip()
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data") and not stripped.startswith(b"{"):
-        form = {key: request.POST.get(key) for key in request.POST}
+        if content_type == "multipart/form-data":  # parsed by Django, for POST only: no OpenPAI client sends more
+            form = {key: request.POST.get(key) for key in request.POST}
+        else:
+            form = _urlencoded(request)
         _check_body(form)  # a form's "%00" is a NUL too
         return form
     if not stripped:
@@ -153,6 +162,31 @@ def json_body(request: HttpRequest) -> dict[str, Any]:
         raise invalid(f"The request body must be a JSON object, got {type(value).__name__}.")
     _check_body(value)
     return value
+
+
+def _urlencoded(request: HttpRequest) -> dict[str, str]:
+    """A form body, for any method: Django fills request.POST for POST only.
+    Django's rules otherwise (UTF-8 only, DATA_UPLOAD_MAX_NUMBER_FIELDS, the
+    last of a repeated field wins; the body's size was checked as it was
+    read), except that bytes which are not UTF-8, raw or %-escaped, are
+    refused where Django would silently replace or re-read them."""
+    charset = (request.content_params or {}).get("charset", "utf-8")
+    if _codec(charset) != "utf-8":
+        raise invalid(f"A form body must be UTF-8 text, not charset={charset}.")
+    limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    try:
+        return dict(parse_qsl(request.body.decode(), keep_blank_values=True, errors="strict", max_num_fields=limit))
+    except UnicodeDecodeError:
+        raise invalid("The form body is not UTF-8 text (a byte or %-escape in it is not).") from None
+    except ValueError:  # parse_qsl's only other refusal, as strict_parsing is off
+        raise invalid(f"The form body has more than {limit} fields.") from None
+
+
+def _codec(charset: str) -> str | None:
+    try:
+        return codecs.lookup(charset).name
+    except LookupError:
+        return None
 
 
 def _check_body(body: dict[str, Any]) -> None:

@@ -2,8 +2,10 @@
 REST server and SDK): jobs named by their framework name `<user>~<job>`,
 POST /jobs as oneself, 202 for a deleted job, OpenPAI's task states, every
 usable virtual cluster in a user's `virtualCluster`, and OpenPAI's statuses
-for a user or virtual cluster that is not there, and a job stopped with a
-form-encoded PUT (OpenPAI's jQuery portal's).
+for a user or virtual cluster that is not there. Then the paths its web
+portal and JS SDK call besides: the login at authn/basic/login, a job's
+attempts under v1's /jobs, v2's virtual clusters and users, and a job
+stopped with a form-encoded PUT (its jQuery portal's).
 
 In-process, through Django's test client. Users: alice (owner), bob
 (another user), an admin; each test makes its own.
@@ -11,17 +13,21 @@ In-process, through Django's test client. Users: alice (owner), bob
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.test import Client
 
 from jobs import services
 from jobs.models import Job, JobAttempt, JobTag, State, Task, TaskAttempt, TaskState
-from jobs.services import tokens
+from jobs.services import ratelimit, tokens
 from tests.helpers import config, role
 
 NEVER_FITS_GPUS = 64  # no node has that many: the jobs here wait until they are stopped, whatever agents run
+LOGIN_PATHS = ["/api/v1/authn/basic/login", "/rest-server/api/v1/authn/basic/login", "/api/v2/authn/basic/login",
+               "/rest-server/api/v2/authn/basic/login"]
 FORM = "application/x-www-form-urlencoded"
 
 
@@ -32,7 +38,7 @@ def _api(user=None) -> Client:
 
 
 def _json(response) -> dict:
-    return json.loads(response.content)
+    return json.loads(b"".join(response.streaming_content) if response.streaming else response.content)
 
 
 def _waiting_job(user, name: str) -> Job:
@@ -131,6 +137,42 @@ def test_a_user_or_virtual_cluster_that_is_not_there_gets_openpais_status(alice,
                          content_type="application/json").status_code == 401
 
 
+def test_openpais_login_path_answers_as_post_token_does(alice, admin_user, redis_server):
+    # Its web portal sends JSON, its JS SDK v1 a form; v2's SDK uses v2's path.
+    for path, user in itertools.product(LOGIN_PATHS, (alice, admin_user)):
+        params = {"username": user.username, "password": user.test_password, "expiration": 4000}
+        for body, content_type in ((json.dumps(params), "application/json"), (urlencode(params), FORM)):
+            answer = Client().post(path, body, content_type=content_type)
+            assert answer.status_code == 200, (path, answer.content)
+            token = _json(answer)
+            assert (token["user"], token["admin"]) == (user.username, user.is_admin) and token["expiresAt"]
+            assert Client(HTTP_AUTHORIZATION=f"Bearer {token['token']}").get("/api/v2/jobs").status_code == 200
+    # Its errors are /token's.
+    for path in ("/api/v1/token", *LOGIN_PATHS):
+        wrong = Client().post(path, {"username": alice.username, "password": "wrong"}, content_type="application/json")
+        assert (wrong.status_code, _json(wrong)["code"]) == (400, "IncorrectPasswordError"), path
+        missing = Client().post(path, {"username": alice.username}, content_type="application/json")
+        assert (missing.status_code, _json(missing)["code"]) == (400, "InvalidParametersError"), path
+        assert Client().get(path).status_code == 405
+    ratelimit.login_reset(username=alice.username, address="127.0.0.1")
+
+
+def test_openpais_login_path_shares_post_tokens_failed_login_limit(alice, settings, redis_server):
+    address = "10.77.0.9"
+    client = Client(REMOTE_ADDR=address)
+    try:
+        for path in itertools.islice(itertools.cycle(LOGIN_PATHS), settings.LOGIN_FAILURES_ALLOWED):
+            wrong = client.post(path, urlencode({"username": alice.username, "password": "wrong"}), content_type=FORM)
+            assert _json(wrong)["code"] == "IncorrectPasswordError"
+        right = urlencode({"username": alice.username, "password": alice.test_password})
+        for path in ("/api/v1/token", *LOGIN_PATHS):
+            refused = client.post(path, right, content_type=FORM)
+            assert (refused.status_code, _json(refused)["code"]) == (429, "TooManyRequestsError"), path
+            assert int(refused["Retry-After"]) >= 1
+    finally:
+        ratelimit.login_reset(username=alice.username, address=address)
+
+
 def test_a_job_is_stopped_and_tagged_with_form_bodies_as_openpais_jquery_portal_sends_them(alice, bob, redis_server):
     """$.ajax({type: 'PUT', data: {value: 'STOP'}}) sends a form, not JSON;
     Django reads forms of POST requests only."""
@@ -146,3 +188,49 @@ def test_a_job_is_stopped_and_tagged_with_form_bodies_as_openpais_jquery_portal_
     assert _api(alice).put(stop, "value=STOP", content_type=charset).status_code == 202
     job.refresh_from_db()
     assert job.state == State.STOPPED
+
+
+def test_a_jobs_attempts_are_served_under_v1s_framework_path_as_under_v2s(alice, bob, admin_user, settings,
+                                                                         redis_server):
+    """OpenPAI mounts its v2 job routes under v1's /jobs too; its web portal
+    lists a job's retries from /api/v1/jobs/<user>~<job>/job-attempts."""
+    _waiting_job(alice, "v1_attempts")
+    v1, v2 = (f"/api/{version}/jobs/{alice.username}~v1_attempts/job-attempts" for version in ("v1", "v2"))
+    for user in (alice, admin_user):
+        client = _api(user)
+        listed = _json(client.get(v1))
+        assert [attempt["attemptIndex"] for attempt in listed] == [1] and listed == _json(client.get(v2))
+        assert _json(client.get(v1 + "/1")) == listed[0]
+        assert client.get(v1 + "/healthz").content == b"ok"
+    settings.API_ANONYMOUS_READ = True  # it opens v1's list and status only
+    for path in (v1, v1 + "/1", v1 + "/healthz"):
+        assert _json(_api(bob).get(path))["code"] == "NoJobError", path
+        assert _api().get(path).status_code == 401, path
+
+
+def test_v2_serves_openpais_virtual_cluster_and_user_reads(alice, bob, admin_user):
+    """OpenPAI's JS SDK v2 (its later web portal's) reads them at
+    /api/v2/virtual-clusters[/<vc>] and /api/v2/users[/<name>]."""
+    mine = _api(alice)
+    listed = _json(mine.get("/api/v2/virtual-clusters"))
+    assert "default" in listed and listed.keys() == _json(mine.get("/api/v1/virtual-clusters")).keys()
+    default = _json(mine.get("/rest-server/api/v2/virtual-clusters/default"))
+    assert (default["name"], default["allowed"]) == ("default", True)
+    assert _json(mine.get("/api/v2/virtual-clusters/no_such_vc"))["code"] == "NoVirtualClusterError"
+
+    # A user as v1 answers it, but with `virtualCluster` a list, as in v2.
+    v1_me = _json(mine.get(f"/api/v1/user/{alice.username}"))
+    me = _json(mine.get(f"/api/v2/users/{alice.username}"))
+    assert me == {"username": alice.username, "admin": False, "active": True,
+                  "virtualCluster": v1_me["virtualCluster"].split(",")}
+    assert me["virtualCluster"][0] == "default"
+    admin = _api(admin_user)
+    assert _json(admin.get(f"/api/v2/users/{alice.username}")) == me
+    assert me in _json(admin.get("/api/v2/users"))
+    assert _json(admin.get("/api/v2/users/ghost_nobody"))["code"] == "NoUserError"
+    # Another user's details and the list are for admins only; GET only.
+    assert _json(_api(bob).get(f"/api/v2/users/{alice.username}"))["code"] == "ForbiddenUserError"
+    assert _json(mine.get("/api/v2/users"))["code"] == "ForbiddenUserError"
+    assert admin.delete(f"/api/v2/users/{alice.username}").status_code == 405
+    for path in ("/virtual-clusters", "/virtual-clusters/default", "/users", f"/users/{alice.username}"):
+        assert _api().get("/api/v2" + path).status_code == 401, path

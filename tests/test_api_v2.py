@@ -229,7 +229,7 @@ def test_the_user_endpoint_shows_yourself_or_anyone_to_an_admin(cluster, alice, 
     expect(Api(cluster.base_url).get(f"/user/{alice.username}"), 401, "UnauthorizedUserError")
 
 
-def test_every_v2_route_is_described_with_its_methods(cluster):
+def test_every_v2_route_is_described_with_its_methods():
     from django.urls import get_resolver
 
     from jobs.api import openapi_v2
@@ -243,5 +243,5 @@ def test_every_v2_route_is_described_with_its_methods(cluster):
         assert path in described, f"route {pattern.name} ({path}) is not described"
         documented = {m.upper() for m in described[path] if m != "parameters"}
         assert documented == set(pattern.callback.api_methods) - {"HEAD"}, path
-    served = expect(Api(cluster.base_url, prefix="/rest-server/api/v2").get("/openapi.json"), 200)
+    served = Client().get("/rest-server/api/v2/openapi.json").json()
     assert served["servers"] == [{"url": "/rest-server/api/v2"}]

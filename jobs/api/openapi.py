@@ -204,6 +204,22 @@ def _schemas() -> dict[str, Schema]:
         "allowed": {"type": "boolean", "description": "whether you may submit jobs here"},
     }, ["name", "capacity", "usedCapacity", "numActiveJobs", "numPendingJobs", "numJobs", "resourcesUsed",
         "resourcesTotal", "gpuTypes"])
+    # v2's, and v1's too: OpenPAI serves a job's attempts under v1's /jobs as well.
+    job_attempt = obj({
+        "jobName": STRING, "frameworkName": STRING, "userName": STRING,
+        "attemptIndex": {**INTEGER, "description": "1 is the first"}, "attemptState": STRING,
+        "state": {**STRING, "description": "the same as attemptState (OpenPAI's name)"},
+        "isLatest": {"type": "boolean"}, "jobStartedTime": INTEGER,
+        "createdTime": INTEGER, "launchedTime": nullable(INTEGER), "attemptStartedTime": nullable(INTEGER),
+        "completedTime": nullable(INTEGER), "attemptCompletedTime": nullable(INTEGER), "exitCode": nullable(INTEGER),
+        "exitPhrase": nullable(STRING), "exitType": nullable(STRING),
+        "exitDiagnostics": STRING, "appExitDiagnostics": nullable(STRING),
+        "appExitSpec": nullable(ref("ExitSpec")), **EXIT_TRIGGER, **EXIT_MESSAGES,
+        "totalGpuNumber": INTEGER, "totalTaskNumber": INTEGER, "totalTaskRoleNumber": INTEGER,
+        "taskRoles": {"type": "object", "additionalProperties": obj({
+            "taskRoleStatus": obj({"name": STRING}, ["name"]),
+            "taskStatuses": {"type": "array", "items": ref("TaskStatus")}})},
+    }, ["attemptIndex", "attemptState", "state", "isLatest", "taskRoles"])
     return {
         "Error": obj({"code": STRING, "message": STRING}, ["code", "message"]),
         "Message": obj({"message": STRING}, ["message"]),
@@ -223,6 +239,7 @@ def _schemas() -> dict[str, Schema]:
                      ["token", "user", "admin"]),
         "JobConfig": job_config,
         "TaskStatus": task_status,
+        "JobAttempt": job_attempt,
         "ExitSpec": obj({
             "code": nullable(INTEGER), "phrase": STRING, "causer": {"type": "string", "enum": ["USER", "PLATFORM"]},
             "type": {"type": "string", "enum": ["USER_SUCCESS", "USER_STOP", "USER_FAILURE", "PLATFORM_FAILURE"]},
@@ -354,11 +371,8 @@ def _paths() -> dict[str, Schema]:
         "/openapi.json": {"get": operation("Get this description", answer(
             200, "The OpenAPI 3 description of this API.", {"type": "object", "additionalProperties": True}),
             public=True, tag="api")},
-        "/token": {"post": operation(
-            "Get a token", {**answer(200, "A bearer token.", ref("Token")), **errors(400, 413, 429)}, public=True,
-            request_body=body(ref("TokenRequest"), form=True), tag="auth",
-            description="Send it as `Authorization: Bearer <token>`. A wrong password and an unknown user get the "
-                        "same IncorrectPasswordError. Repeated failures are refused for a while (429).")},
+        "/token": token_path("Get a token"),
+        "/authn/basic/login": token_path("Log in"),
         "/jobs": {
             "get": operation(
                 "List jobs", {**answer(200, "Your jobs (an admin: everyone's), newest first.",
@@ -370,6 +384,7 @@ def _paths() -> dict[str, Schema]:
                               description="As POST /user/{username}/jobs with your own name."),
         },
         **_framework_paths(accepted, submit_errors),
+        **attempt_paths(),
         "/user/{username}/jobs": {
             "parameters": [USERNAME],
             "get": operation("List a user's jobs", {
@@ -409,13 +424,7 @@ def _paths() -> dict[str, Schema]:
                 query_param("since", "only samples after this ISO-8601 time", {"type": "string"}),
                 query_param("attempt", "the job attempt (default: the latest)", {"type": "integer", "minimum": 1}),
             ], description="The job's owner and admins only.")},
-        "/virtual-clusters": {"get": operation(
-            "List virtual clusters", {**answer(200, "Every virtual cluster by name.",
-                                               {"type": "object", "additionalProperties": ref("VirtualCluster")}),
-                                      **errors(401)}, tag="cluster")},
-        "/virtual-clusters/{vc}": {"parameters": [path_param("vc", "the virtual cluster's name")], "get": operation(
-            "Get a virtual cluster", {**answer(200, "Its share, use and jobs.", ref("VirtualCluster")),
-                                      **errors(401, 404)}, tag="cluster")},
+        **virtual_cluster_paths(),
         "/user": {
             "get": operation("List users", {**answer(200, "Every user (admins only).",
                                                      {"type": "array", "items": ref("User")}), **errors(401, 403)},
@@ -458,6 +467,50 @@ def _paths() -> dict[str, Schema]:
         "/user/{username}/virtualClusters": {"parameters": [USERNAME], "put": operation(
             "Set a user's virtual clusters", {**answer(201, "Done.", message), **errors(400, 401, 403, 404, 413)},
             request_body=body(ref("UserVirtualClusters")), tag="users")},
+    }
+
+
+def token_path(summary: str) -> Schema:
+    """POST /token, and OpenPAI's login path for it (/authn/basic/login,
+    v1's and v2's): the same view, body and answer."""
+    return {"post": operation(
+        summary, {**answer(200, "A bearer token.", ref("Token")), **errors(400, 413, 429)}, public=True,
+        request_body=body(ref("TokenRequest"), form=True), tag="auth",
+        description="Send it as `Authorization: Bearer <token>`. A wrong password and an unknown user get the "
+                    "same IncorrectPasswordError. Repeated failures are refused for a while (429).")}
+
+
+def virtual_cluster_paths() -> dict[str, Schema]:
+    """Served the same under v1 and v2."""
+    return {
+        "/virtual-clusters": {"get": operation(
+            "List virtual clusters", {**answer(200, "Every virtual cluster by name.",
+                                               {"type": "object", "additionalProperties": ref("VirtualCluster")}),
+                                      **errors(401)}, tag="cluster")},
+        "/virtual-clusters/{vc}": {"parameters": [path_param("vc", "the virtual cluster's name")], "get": operation(
+            "Get a virtual cluster", {**answer(200, "Its share, use and jobs.", ref("VirtualCluster")),
+                                      **errors(401, 404)}, tag="cluster")},
+    }
+
+
+def attempt_paths() -> dict[str, Schema]:
+    """A job's attempts: v2's paths, which OpenPAI serves under v1's /jobs too."""
+    return {
+        "/jobs/{username}~{name}/job-attempts": {"parameters": JOB_PARAMS, "get": operation(
+            "List a job's attempts", {**answer(200, "Every attempt, first first.",
+                                               {"type": "array", "items": ref("JobAttempt")}),
+                                     **errors(401, 404, 429, 503)},
+            tag="jobs")},
+        "/jobs/{username}~{name}/job-attempts/healthz": {"parameters": JOB_PARAMS, "get": operation(
+            "Whether job attempts can be listed", {
+                "200": {"description": "Always \"ok\": every attempt is kept.",
+                        "content": {"text/plain": {"schema": STRING}}},
+                **errors(401, 404)}, tag="jobs")},
+        "/jobs/{username}~{name}/job-attempts/{number}": {
+            "parameters": [*JOB_PARAMS, path_param("number", "the attempt (1 is the first)",
+                                                   {"type": "integer", "minimum": 1})],
+            "get": operation("Get a job attempt", {**answer(200, "The attempt and its tasks.", ref("JobAttempt")),
+                                                   **errors(401, 404)}, tag="jobs")},
     }
 
 

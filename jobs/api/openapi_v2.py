@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from jobs.api import openapi_nodes
 from jobs.api.openapi import (
-    EXIT_MESSAGES, EXIT_TRIGGER, INTEGER, STRING, Schema, _schemas, answer, body, errors, obj, operation, path_param,
-    query_param, ref,
+    BOOLEAN, INTEGER, STRING, Schema, _schemas, answer, attempt_paths, body, errors, obj, operation, path_param,
+    query_param, ref, token_path, virtual_cluster_paths,
 )
 
 JOB_PARAMS = [path_param("username", "the job owner's username"), path_param("name", "the job's name")]
@@ -35,31 +35,14 @@ def _list_parameters() -> list[Schema]:
 
 
 def _v2_schemas() -> dict[str, Schema]:
-    nullable_int = {**INTEGER, "nullable": True}
-    attempt = obj({
-        "jobName": STRING, "frameworkName": STRING, "userName": STRING,
-        "attemptIndex": {**INTEGER, "description": "1 is the first"}, "attemptState": STRING,
-        "state": {**STRING, "description": "the same as attemptState (OpenPAI's name)"},
-        "isLatest": {"type": "boolean"}, "jobStartedTime": INTEGER,
-        "createdTime": INTEGER, "launchedTime": nullable_int, "attemptStartedTime": nullable_int,
-        "completedTime": nullable_int, "attemptCompletedTime": nullable_int, "exitCode": nullable_int,
-        "exitPhrase": {**STRING, "nullable": True}, "exitType": {**STRING, "nullable": True},
-        "exitDiagnostics": STRING, "appExitDiagnostics": {**STRING, "nullable": True},
-        "appExitSpec": {**ref("ExitSpec"), "nullable": True}, **EXIT_TRIGGER, **EXIT_MESSAGES,
-        "totalGpuNumber": INTEGER, "totalTaskNumber": INTEGER, "totalTaskRoleNumber": INTEGER,
-        "taskRoles": {"type": "object", "additionalProperties": obj({
-            "taskRoleStatus": obj({"name": STRING}, ["name"]),
-            "taskStatuses": {"type": "array", "items": ref("TaskStatus")}})},
-    }, ["attemptIndex", "attemptState", "state", "isLatest", "taskRoles"])
     summary = {"allOf": [ref("JobSummary"), obj({
         "tags": {"type": "array", "items": STRING}, "submissionTime": INTEGER,
         "launchedTime": {**INTEGER, "nullable": True}})]}
     return {
-        "JobAttempt": attempt,
         "JobSummaryV2": summary,
         "JobStatusV2": {"allOf": [ref("JobStatus"), obj({
             "protocolVersion": {"type": "integer", "enum": [1, 2]}, "tags": {"type": "array", "items": STRING},
-            "jobAttempts": {"type": "array", "items": attempt,
+            "jobAttempts": {"type": "array", "items": ref("JobAttempt"),
                             "description": "The newest 10 job attempts; every one at .../job-attempts."},
             "jobAttemptCount": INTEGER})]},
         "ProtocolV2": {"type": "object", "additionalProperties": True, "required": ["protocolVersion", "name",
@@ -67,6 +50,11 @@ def _v2_schemas() -> dict[str, Schema]:
                        "description": "OpenPAI protocol v2 (github.com/microsoft/openpai-protocol, "
                                       "schemas/v2/schema.yaml), as YAML or JSON."},
         "Tag": TAG_BODY,
+        "UserV2": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN,
+                       "virtualCluster": {"type": "array", "items": STRING,
+                                          "description": "every virtual cluster the user may submit to, default "
+                                                         "first"}},
+                      ["username", "admin", "virtualCluster"]),
     }
 
 
@@ -76,6 +64,7 @@ def _paths() -> dict[str, Schema]:
     return {
         "/openapi.json": {"get": operation("Get the v2 description", answer(
             200, "This description.", {"type": "object", "additionalProperties": True}), public=True, tag="api")},
+        "/authn/basic/login": token_path("Log in"),
         "/jobs": {
             "get": operation("List jobs (v2)", {**answer(200, "Your jobs (an admin: everyone's); with "
                                                               "withTotalCount=true, {totalCount, data}.",
@@ -113,21 +102,6 @@ def _paths() -> dict[str, Schema]:
                                                  **errors(400, 401, 404, 413)}, request_body=body(ref("Tag")),
                                 tag="jobs"),
         },
-        "/jobs/{username}~{name}/job-attempts": {"parameters": JOB_PARAMS, "get": operation(
-            "List a job's attempts", {**answer(200, "Every attempt, first first.",
-                                               {"type": "array", "items": ref("JobAttempt")}),
-                                     **errors(401, 404, 429, 503)},
-            tag="jobs")},
-        "/jobs/{username}~{name}/job-attempts/healthz": {"parameters": JOB_PARAMS, "get": operation(
-            "Whether job attempts can be listed", {
-                "200": {"description": "Always \"ok\": every attempt is kept.",
-                        "content": {"text/plain": {"schema": STRING}}},
-                **errors(401, 404)}, tag="jobs")},
-        "/jobs/{username}~{name}/job-attempts/{number}": {
-            "parameters": [*JOB_PARAMS, path_param("number", "the attempt (1 is the first)",
-                                                   {"type": "integer", "minimum": 1})],
-            "get": operation("Get a job attempt", {**answer(200, "The attempt and its tasks.", ref("JobAttempt")),
-                                                   **errors(401, 404)}, tag="jobs")},
         "/jobs/{username}~{name}/ssh": {"parameters": JOB_PARAMS, "get": operation(
             "Get a job's SSH info (v2)", {**answer(200, "As in v1.", ref("SshInfo")), **errors(401, 404)},
             tag="access")},
@@ -157,6 +131,13 @@ def _paths() -> dict[str, Schema]:
                 query_param("since", "only samples after this ISO-8601 time", STRING),
                 query_param("attempt", "the job attempt (default: the current one)", {"type": "integer", "minimum": 1}),
             ], description="The job's owner and admins only; the job page's graphs read this.")},
+        **attempt_paths(),
+        **virtual_cluster_paths(),
+        "/users": {"get": operation("List users", {**answer(200, "Every user (admins only).", {
+            "type": "array", "items": ref("UserV2")}), **errors(401, 403)}, tag="users")},
+        "/users/{username}": {"parameters": [path_param("username", "the user's name")], "get": operation(
+            "Get a user", {**answer(200, "The user (yourself, or anyone for an admin).", ref("UserV2")),
+                           **errors(400, 401, 403, 404)}, tag="users")},
         **openapi_nodes.paths(),
     }
 
@@ -166,7 +147,7 @@ def description(*, server_url: str = "/api/v2") -> Schema:
         "openapi": "3.0.3",
         "info": {"title": "GPU Job Portal REST API v2", "version": "2.0.0",
                  "description": "OpenPAI's v2 job API and protocol v2 configs. Same tokens and errors as v1 "
-                                "(/api/v1/openapi.json); every path needs a token."},
+                                "(/api/v1/openapi.json); every path but the login needs a token."},
         "servers": [{"url": server_url}],
         "security": [{"bearerAuth": []}],
         "paths": _paths(),

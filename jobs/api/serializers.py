@@ -219,11 +219,19 @@ def user(user: User, usable: list[str]) -> dict[str, Any]:
     """OpenPAI's user, whose `virtualCluster` lists every virtual cluster the
     user may submit to, comma-separated, "default" first (OpenPAI's SDK
     splits it to find where a user can run)."""
-    names = sorted(usable, key=lambda name: (name != "default", name))
+    return {**user_v2(user, usable), "virtualCluster": ",".join(_default_first(usable))}
+
+
+def user_v2(user: User, usable: list[str]) -> dict[str, Any]:
+    """OpenPAI's v2 user: `virtualCluster` is a list (its JS SDK's IUser)."""
     return {
         "username": user.username,
         "admin": user.is_admin,
         "active": user.is_active,
-        "virtualCluster": ",".join(names),
+        "virtualCluster": _default_first(usable),
     }
+
+
+def _default_first(names: list[str]) -> list[str]:
+    return sorted(names, key=lambda name: (name != "default", name))
 

@@ -9,7 +9,7 @@ anything else under the prefix is a JSON 404 NoApiError.
 from django.urls import re_path
 
 from jobs.api.http import no_api_view
-from jobs.api.views import clusters, jobs, root, tasks, tokens, usage, users, webhooks
+from jobs.api.views import clusters, jobs, jobs_v2, root, tasks, tokens, usage, users, webhooks
 
 JOB = r"user/(?P<username>[^/]+)/jobs/(?P<name>[^/]+)"
 # OpenPAI's later v1 paths name a job by its framework name, <user>~<job>
@@ -26,12 +26,18 @@ urlpatterns = [
     route("", root.info, "info"),
     route(r"openapi\.json", root.description, "openapi"),
     route("token", tokens.token, "token"),
+    route("authn/basic/login", tokens.token, "authn_basic_login"),  # OpenPAI's web portal and JS SDK log in here
     route("jobs", jobs.jobs, "jobs"),
     route(r"user/(?P<username>[^/]+)/jobs", jobs.user_jobs, "user_jobs"),
     route(FRAMEWORK_JOB, jobs.job, "framework_job"),
     route(FRAMEWORK_JOB + "/config", jobs.config, "framework_job_config"),
     route(FRAMEWORK_JOB + "/executionType", jobs.execution_type, "framework_job_execution_type"),
     route(FRAMEWORK_JOB + "/ssh", tasks.ssh, "framework_job_ssh"),
+    # OpenPAI mounts its v2 job routes under v1's /jobs too, and its web
+    # portal lists a job's retries from there.
+    route(FRAMEWORK_JOB + "/job-attempts", jobs_v2.attempts, "framework_job_attempts"),
+    route(FRAMEWORK_JOB + "/job-attempts/healthz", jobs_v2.attempts_health, "framework_job_attempts_health"),
+    route(FRAMEWORK_JOB + r"/job-attempts/(?P<number>[^/]+)", jobs_v2.attempt, "framework_job_attempt"),
     route(JOB, jobs.job, "job"),
     route(JOB + "/config", jobs.config, "job_config"),
     route(JOB + "/executionType", jobs.execution_type, "job_execution_type"),

@@ -3,6 +3,8 @@
 `jobs/<user>~<name>`, as in OpenPAI's v2 API. Routes that v1 serves the same
 way (stop, SSH, task logs) are v1's views under v2 paths; route names match
 v1's so `api_url` builds links under the prefix a request came in by.
+OpenPAI's v2 login, user and virtual cluster reads (its JS SDK's) are v1's
+views too, but for a user, whose `virtualCluster` is a list in v2.
 """
 
 from django.urls import re_path
@@ -10,12 +12,13 @@ from django.urls import re_path
 from jobs.api.http import no_api_view
 from jobs.api.urls import route
 from jobs.api.views import jobs as jobs_v1
-from jobs.api.views import jobs_v2, nodes, tasks, usage
+from jobs.api.views import clusters, jobs_v2, nodes, tasks, tokens, usage, users
 
 JOB = r"jobs/(?P<username>[^/~]+)~(?P<name>[^/]+)"
 
 urlpatterns = [
     route(r"openapi\.json", jobs_v2.description, "openapi"),
+    route("authn/basic/login", tokens.token, "authn_basic_login"),
     route("jobs", jobs_v2.jobs, "jobs"),
     route(JOB, jobs_v2.job, "job"),
     route(JOB + "/config", jobs_v2.config, "job_config"),
@@ -29,6 +32,10 @@ urlpatterns = [
     route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/log", tasks.task_log, "task_log"),
     route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/metrics", usage.task_metrics, "task_metrics"),
     route(JOB + "/metrics", usage.job_metrics, "job_metrics"),
+    route("virtual-clusters", clusters.virtual_clusters, "virtual_clusters"),
+    route(r"virtual-clusters/(?P<vc>[^/]+)", clusters.virtual_cluster, "virtual_cluster"),
+    route("users", users.users_v2, "users"),
+    route(r"users/(?P<username>[^/]+)", users.user_detail_v2, "user_detail"),
     # nodes (admins), join tokens (admins) and the join itself (a join token);
     # nodes/join comes first: GET /nodes/join is no node's page
     route("nodes", nodes.nodes_list, "nodes"),

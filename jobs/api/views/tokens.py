@@ -1,4 +1,6 @@
-"""POST /api/v1/token: a username and password for a bearer token."""
+"""POST /api/v1/token: a username and password for a bearer token. Also at
+OpenPAI's login path, authn/basic/login, under v1's and v2's prefixes (its web
+portal and JS SDKs log in there)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ password."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.http import HttpRequest, HttpResponse
 
 from jobs.api import serializers
@@ -22,11 +25,20 @@ def _user_named(username: str) -> User:
     return user
 
 
-@handler(Access.ADMIN)
-def _list(request: HttpRequest) -> HttpResponse:
+def _everyone(serialize: Callable[[User, list[str]], dict[str, Any]]) -> HttpResponse:
     everyone = list(User.objects.order_by("username").prefetch_related("virtual_clusters"))
     usable = VirtualCluster.objects.names_usable_by_each(everyone)
-    return ok([serializers.user(user, usable[user.pk]) for user in everyone])
+    return ok([serialize(user, usable[user.pk]) for user in everyone])
+
+
+@handler(Access.ADMIN)
+def _list(request: HttpRequest) -> HttpResponse:
+    return _everyone(serializers.user)
+
+
+@handler(Access.ADMIN)
+def _list_v2(request: HttpRequest) -> HttpResponse:
+    return _everyone(serializers.user_v2)
 
 
 @handler(Access.USER)
@@ -84,17 +96,30 @@ def _set_virtual_clusters(request: HttpRequest, username: str) -> HttpResponse:
     return ok({"message": "update user virtual clusters successfully"}, status=201)
 
 
-@handler(Access.USER)
-def _detail(request: HttpRequest, username: str) -> HttpResponse:
-    """One user: yourself, or anyone for an admin."""
+def _visible_user(request: HttpRequest, username: str) -> tuple[User, list[str]]:
+    """One user and where they may submit: yourself, or anyone for an admin."""
     me: User = request.user  # type: ignore[assignment]
     if not me.is_admin and me.username != username:
         raise forbidden("Non-admin may see only their own user (user/{}).".format(me.username))
     user = _user_named(username)
-    usable = [vc.name for vc in VirtualCluster.objects.usable_by(user).order_by("name")]
+    return user, [vc.name for vc in VirtualCluster.objects.usable_by(user).order_by("name")]
+
+
+@handler(Access.USER)
+def _detail(request: HttpRequest, username: str) -> HttpResponse:
+    user, usable = _visible_user(request, username)
     return ok({**serializers.user(user, usable), "virtualClusters": usable})
+
+
+@handler(Access.USER)
+def _detail_v2(request: HttpRequest, username: str) -> HttpResponse:
+    return ok(serializers.user_v2(*_visible_user(request, username)))
 
 
 user = resource(GET=_list, PUT=_put, DELETE=_delete)
 user_detail = resource(GET=_detail)
 user_virtual_clusters = resource(PUT=_set_virtual_clusters)
+# v2's reads of users, as OpenPAI's JS SDK makes them (GET only: users are
+# changed through v1's /user).
+users_v2 = resource(GET=_list_v2)
+user_detail_v2 = resource(GET=_detail_v2)

@@ -58,8 +58,9 @@ class Verdict:
     reason: str
     trigger: Trigger
     # The task whose failure decided the job, for the job's exit code: the
-    # first to fail in the role's order, which with a minFailedTaskCount
-    # above 1 need not be the trigger (the one that reached the count).
+    # role's first to fail (`results` come in the order tasks ended), which
+    # with a minFailedTaskCount above 1 need not be the trigger (the one
+    # that reached the count).
     deciding: TaskResult | None = None
 
 
@@ -70,9 +71,10 @@ def _plural(count: int, word: str) -> str:
 def judge(spec: JobSpec, results: list[TaskResult], *, last: TaskResult | None = None) -> Verdict | None:
     """The verdict on a job attempt, or None while it is still undecided.
 
-    `last` is the task whose completion is being judged; it is the verdict's
-    trigger when the rule that fired counted it (without it, the last such
-    task in `results`)."""
+    `results` are in the order the tasks ended (active ones last). `last` is
+    the task whose completion is being judged; it is the verdict's trigger
+    when the rule that fired counted it (without it, the last such task in
+    `results`)."""
     by_role: dict[str, list[TaskResult]] = {role.name: [] for role in spec.task_roles}
     for result in results:
         by_role.setdefault(result.role, []).append(result)

@@ -51,8 +51,10 @@ SPECS: dict[str, ExitSpec] = {
         "CommandExitedNonZero", USER_FAILURE, "USER", "RUNNING", "UNKNOWN", "RETRY_TO_MAX",
         "A task's command exited with a non-zero code.",
         (_READ_LOGS, _FIX_AND_RESUBMIT)),
+    # Never retried, as in OpenPAI (its exit code 196): the same memory limit
+    # would kill the same program again.
     ExitType.OOM: ExitSpec(
-        "ContainerOOMKilled", USER_FAILURE, "USER", "RUNNING", "PERMANENT", "RETRY_TO_MAX",
+        "ContainerOOMKilled", USER_FAILURE, "USER", "RUNNING", "PERMANENT", "NEVER_RETRY",
         "A task used more memory than its task role asks for and was killed.",
         ("Ask for more memory: memoryMB in the task role (resourcePerInstance.memoryMB or a larger skuType "
          "in protocol v2).",
@@ -93,6 +95,12 @@ SPECS: dict[str, ExitSpec] = {
 def spec_for(exit_type: str) -> ExitSpec | None:
     """The spec of an ended job, attempt or task; None while it has not ended."""
     return SPECS.get(exit_type) if exit_type else None
+
+
+def retried(exit_type: str) -> bool:
+    """Whether a job attempt that failed so is tried again (retryCount allowing)."""
+    spec = spec_for(exit_type)
+    return spec is None or spec.reaction == "RETRY_TO_MAX"
 
 
 # The job page shows the steps under the ended job itself: its exit message

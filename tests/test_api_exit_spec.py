@@ -52,7 +52,7 @@ def test_the_status_says_how_the_job_ended_and_why_it_was_retried(alice, bob) ->
         status = _api(alice).get(path).json()["jobStatus"]
         spec = status["appExitSpec"]
         assert (spec["code"], spec["phrase"], spec["type"], spec["reaction"]) == (
-            137, "ContainerOOMKilled", "USER_FAILURE", "RETRY_TO_MAX")
+            137, "ContainerOOMKilled", "USER_FAILURE", "NEVER_RETRY")
         assert any("memoryMB" in step for step in spec["solution"])
         # Two retries: one after the node was lost, one after the command's own failure.
         assert status["retries"] == 2

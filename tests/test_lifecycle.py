@@ -35,7 +35,7 @@ from jobs.models import (
     TaskAttempt,
     TaskState,
 )
-from jobs.services import lifecycle, scheduling
+from jobs.services import lifecycle, nodes, scheduling
 from jobs.services.lifecycle import ContainerExit, _classify
 from jobs.spec import parse_job_config
 from tests.cluster import wait_for
@@ -599,3 +599,36 @@ def test_a_jobs_times_span_its_tasks_whatever_order_their_agents_report_in(alice
     status = Client(HTTP_AUTHORIZATION=f"Bearer {key}").get(f"/api/v1/user/{alice.username}/jobs/{job.name}").json()
     times = status["jobStatus"]
     assert times["createdTime"] <= times["appLaunchedTime"] <= times["appCompletedTime"] == times["completedTime"]
+
+
+def test_a_job_a_task_running_out_of_memory_ended_is_not_retried(alice, node):
+    """OpenPAI's exit spec: NEVER_RETRY for a container killed for memory
+    (the same limit would kill the same program again)."""
+    job = gpu_job(alice, node, role(memory=300), retryCount=2)
+    assert exit_(start(job)["main-0"], 137, oom_killed=True)
+    job = fresh(job)
+    assert (job.state, job.attempt_number, job.exit_type) == (State.FAILED, 1, ExitType.OOM)
+    assert JobAttempt.objects.filter(job=job).count() == 1
+
+
+def test_with_min_failed_task_count_above_1_the_exit_code_is_the_first_failure_in_time(alice, node):
+    job = gpu_job(alice, node, role(tasks=3, minFailedTaskCount=2))
+    tasks = start(job)
+    assert exit_(tasks["main-2"], 7)  # the first to fail, though not the first by index
+    assert fresh(job).state == State.RUNNING
+    assert exit_(tasks["main-0"], 9)  # reaches the count: the trigger
+    job = fresh(job)
+    assert (job.state, job.exit_code, job.exit_trigger_role, job.exit_trigger_index) == (State.FAILED, 7, "main", 0)
+    assert "first: main-2" in job.exit_reason
+
+
+def test_a_task_a_drain_stopped_is_a_drain_failure_even_if_it_exits_0(alice, admin_user, node):
+    """A program that catches SIGTERM and exits cleanly still lost its node:
+    its job runs again elsewhere (retries left), as README's drain says."""
+    assert classify(ContainerExit(0), stop_reason=ExitType.NODE_DRAINED)[:2] == (TaskState.FAILED, ExitType.NODE_DRAINED)
+    job = gpu_job(alice, node, role(), retryCount=1)
+    task = start(job)["main-0"]
+    nodes.node_drain(node=node, by=admin_user, mode="stop")
+    assert exit_(task, 0)
+    job = fresh(job)
+    assert (job.state, job.attempt_number) == (State.WAITING, 2), job.exit_reason

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import F, Max, Q
 from django.utils import timezone
 
-from jobs import queues
+from jobs import exit_spec, queues
 from jobs.completion import Outcome, TaskResult, Trigger, Verdict, judge
 from jobs.models import (
     ACTIVE_TASK_STATES,
@@ -223,12 +223,13 @@ def _classify(attempt: TaskAttempt, result: ContainerExit, memory_mb: int) -> tu
     """(task state, exit type, reason in words)."""
     if result.exit_type:
         return TaskState.FAILED, result.exit_type, result.error or ExitType(result.exit_type).label
-    if result.exit_code == 0:
-        return TaskState.SUCCEEDED, ExitType.SUCCEEDED, "exited with code 0"
     if attempt.stop_reason == ExitType.NODE_DRAINED:
         # Stopped because an admin drained its node: a failure like a node
-        # loss (it counts toward retryCount), so the job may run elsewhere.
+        # loss (it counts toward retryCount), so the job may run elsewhere,
+        # even when the program caught the SIGTERM and exited with 0.
         return TaskState.FAILED, ExitType.NODE_DRAINED, f"node drained: node {attempt.node_name} was drained by an admin"
+    if result.exit_code == 0:
+        return TaskState.SUCCEEDED, ExitType.SUCCEEDED, "exited with code 0"
     if attempt.stop_reason:
         return TaskState.STOPPED, attempt.stop_reason, ExitType(attempt.stop_reason).label
     if result.oom_killed:
@@ -267,9 +268,12 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
             _maybe_finish_stopping(job.pk, _attempt_end(job.pk, attempt.number, now))
         elif job_attempt.state == State.RUNNING and attempt.number == job.attempt_number:
             spec = job.spec
+            # In the order the tasks ended (the containers' own end times), so
+            # that "the first failure" is the first in time, not in index.
             results = [
                 TaskResult(a.task.role, a.task.index, None if a.state in ACTIVE_TASK_STATES else a.state, a.exit_reason)
                 for a in TaskAttempt.objects.filter(job=job, number=attempt.number).select_related("task")
+                .order_by(F("finished_at").asc(nulls_last=True), "pk")
             ]
             # This exit is the trigger of any verdict it brings about.
             verdict = judge(spec, results, last=TaskResult(attempt.task.role, attempt.task.index, state, reason))
@@ -299,7 +303,7 @@ def _conclude_attempt(job: Job, job_attempt: JobAttempt, verdict: Verdict, stops
     exit_code = 0 if verdict.outcome == Outcome.SUCCEEDED else (deciding.exit_code if deciding else None)
     exit_type = ExitType.SUCCEEDED if verdict.outcome == Outcome.SUCCEEDED else (deciding.exit_type if deciding else ExitType.PLATFORM)
     _stop_attempt_tasks(job, ExitType.COMPLETED, stops)
-    if verdict.outcome == Outcome.FAILED and job.attempt_number <= job.retry_limit:
+    if verdict.outcome == Outcome.FAILED and job.attempt_number <= job.retry_limit and exit_spec.retried(exit_type):
         JobAttempt.objects.filter(pk=job_attempt.pk).update(
             state=State.FAILED, exit_type=exit_type, exit_code=exit_code, exit_reason=verdict.reason, finished_at=now,
             **_trigger_columns(verdict.trigger),

@@ -104,7 +104,9 @@ def task_environment(
         "PAI_CURRENT_TASK_ROLE_NAME": me.role,
         "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": str(me.index),
         "PAI_CONTAINER_HOST_IP": me.node_address,
-        "PAI_CONTAINER_SSH_PORT": ",".join(map(str, me.ports.get(SSH_PORT_LABEL, []))),
+        # The first only, as OpenPAI's runtime took it: sshd listens on it
+        # (the prologue), and the job's SSH details name it.
+        "PAI_CONTAINER_SSH_PORT": str((me.ports.get(SSH_PORT_LABEL) or [""])[0]),
         "PAI_SSH_AUTHORIZED_KEYS": authorized_keys,
         # Early generation.
         "PAI_TASK_ROLE_NAME": me.role,
@@ -125,18 +127,21 @@ def task_environment(
     })
     for label, ports in me.ports.items():
         env[f"PAI_CONTAINER_HOST_{label}_PORT_LIST"] = ",".join(map(str, ports))
-    for number, role in enumerate(roles):
+    for role in roles:
         name = role.name
         env[f"PAI_TASK_ROLE_TASK_COUNT_{name}"] = str(role.task_number)
         env[f"PAI_RESOURCE_{name}"] = role.resource_string()
         env[f"PAI_MIN_FAILED_TASK_COUNT_{name}"] = "" if role.min_failed_task_count is None else str(role.min_failed_task_count)
         env[f"PAI_MIN_SUCCEEDED_TASK_COUNT_{name}"] = "" if role.min_succeeded_task_count is None else str(role.min_succeeded_task_count)
         env[f"PAI_TASK_ROLE_{name}_HOST_LIST"] = host_list(name)
-        env[f"PAI_TASK_ROLE_{number}_HOST_LIST"] = host_list(name)
         for peer in by_role[name]:
             env[f"PAI_HOST_IP_{name}_{peer.index}"] = addr(peer)
             for label, ports in peer.ports.items():
                 env[f"PAI_PORT_LIST_{name}_{peer.index}_{label}"] = ",".join(map(str, ports))
+    # The early reference's, by role number, after the lists by name: a role
+    # named "1" must not take the place of the second role's list.
+    for number, role in enumerate(roles):
+        env[f"PAI_TASK_ROLE_{number}_HOST_LIST"] = host_list(role.name)
     return env
 
 

@@ -95,9 +95,12 @@ class Positions:
             parent = entry
             if rest.startswith("["):
                 close = rest.find("]")
-                if close < 0 or not isinstance(entry.children, list) or not is_ascii_digits(rest[1:close]):
+                digits = rest[1:close]
+                # More digits than any list's length has: int() would refuse
+                # past 4,300 (a key spelled "a[999...]" gets here).
+                if close < 0 or not isinstance(entry.children, list) or not is_ascii_digits(digits) or len(digits) > 18:
                     return None
-                index = int(rest[1:close])
+                index = int(digits)
                 entry = entry.children[index] if index < len(entry.children) else None
                 rest, last_key = rest[close + 1 :], None
             else:

@@ -375,3 +375,40 @@ def test_it_reads_back_what_the_defaults_left_out():
     assert again == spec
     assert again.kill_all_on_completed_task_number is None and again.gpu_type is None and again.code_dir is None
     assert again.task_roles[0].min_failed_task_count == 1 and again.task_roles[0].shm_mb == 64
+
+
+@pytest.mark.parametrize("key", ["taskRoles[" + "9" * 5000 + "]", "portList[" + "9" * 30 + "].label"])
+def test_a_key_spelled_like_a_huge_index_is_only_an_unknown_field(key):
+    """The unknown field's warning looks its place up by path; int() of more
+    than 4,300 digits used to escape the parser as a ValueError."""
+    value = good()
+    value[key] = 1
+    parsed = parse(value)
+    assert [w.path for w in parsed.warnings if key in w.path] == [key]
+
+
+def test_it_keeps_a_port_entrys_unknown_fields_as_its_warning_says():
+    value = good()
+    value["taskRoles"][0]["portList"] = [{"label": "a", "beginAt": 0, "portNumber": 1, "protocol": "tcp"}]
+    parsed = parse(value)
+    assert any(w.path.endswith("portList[0].protocol") and "is kept in the stored config" in w.message
+               for w in parsed.warnings)
+    assert parsed.normalized["taskRoles"][0]["portList"][0] == {"label": "a", "beginAt": 0, "portNumber": 1,
+                                                                 "protocol": "tcp"}
+    assert JobSpec.from_config(parsed.normalized) == parsed.spec
+
+
+def test_folders_take_pai_username_as_openpais_rest_server_did():
+    value = good()
+    value["outputDir"] = "$PAI_DEFAULT_FS_URI/$PAI_USERNAME/out"
+    value["codeDir"] = "${PAI_USERNAME}/code"
+    spec = parse(value).spec
+    assert (spec.output_dir, spec.code_dir) == (f"{FS}/alice/out", "alice/code")
+
+
+def test_kill_all_past_the_tasks_is_taken_with_a_warning_however_large():
+    value = good()
+    value["killAllOnCompletedTaskNumber"] = 5000
+    parsed = parse(value)
+    assert parsed.spec.kill_all_on_completed_task_number == 5000
+    assert [w.path for w in parsed.warnings] == ["killAllOnCompletedTaskNumber"]

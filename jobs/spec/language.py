@@ -54,7 +54,9 @@ V2_ONLY_ROLE_KEYS = ("roleImage", "roleImageAuth")
 PORT_FIELDS = ("label", "beginAt", "portNumber")
 DIR_FIELDS = ("authFile", "dataDir", "outputDir", "codeDir")
 
-_SUBST_RE = re.compile(r"\$\{(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME)\}|\$(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME)(?![A-Za-z0-9_])")
+# $PAI_USERNAME too: OpenPAI's REST server replaced it as PAI_USER_NAME's twin.
+_SUBST_RE = re.compile(r"\$\{(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME|PAI_USERNAME)\}"
+                       r"|\$(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME|PAI_USERNAME)(?![A-Za-z0-9_])")
 
 Scalar = str | int | float | bool | None
 
@@ -90,6 +92,8 @@ class PortSpec:
     label: str
     begin_at: int
     port_number: int
+    # Fields of the entry this portal does not use, kept in the stored config.
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ _JOB_KEYS = frozenset((
     "jobName", "image", "authFile", "dataDir", "outputDir", "codeDir", "virtualCluster", "taskRoles", "gpuType",
     "retryCount", "jobEnvs", "extras", "killAllOnCompletedTaskNumber", *V2_ONLY_JOB_KEYS,
 ))
+_PORT_KEYS = frozenset(("label", "beginAt", "portNumber"))
 _ROLE_KEYS = frozenset((
     "name", "taskNumber", "cpuNumber", "memoryMB", "shmMB", "gpuNumber", "portList", "command",
     "minFailedTaskCount", "minSucceededTaskCount", *V2_ONLY_ROLE_KEYS,
@@ -223,7 +228,8 @@ def _role_from_config(role: dict[str, Any]) -> TaskRoleSpec:
     return TaskRoleSpec(
         name=role["name"], task_number=role["taskNumber"], cpu_number=role["cpuNumber"],
         memory_mb=role["memoryMB"], shm_mb=role.get("shmMB", 64), gpu_number=role["gpuNumber"],
-        ports=tuple(PortSpec(label=p["label"], begin_at=p["beginAt"], port_number=p["portNumber"])
+        ports=tuple(PortSpec(label=p["label"], begin_at=p["beginAt"], port_number=p["portNumber"],
+                             extra={k: v for k, v in p.items() if k not in _PORT_KEYS})
                     for p in role.get("portList") or ()),
         command=role["command"], min_failed_task_count=role.get("minFailedTaskCount", 1),
         min_succeeded_task_count=role.get("minSucceededTaskCount"),
@@ -242,7 +248,7 @@ def _role_config(role: TaskRoleSpec) -> dict[str, Any]:
         "shmMB": role.shm_mb,
         "gpuNumber": role.gpu_number,
         "portList": [
-            {"label": p.label, "beginAt": p.begin_at, "portNumber": p.port_number} for p in role.ports
+            {"label": p.label, "beginAt": p.begin_at, "portNumber": p.port_number, **p.extra} for p in role.ports
         ],
         "command": role.command,
         "minFailedTaskCount": role.min_failed_task_count,
@@ -280,11 +286,14 @@ def env_value(value: Scalar) -> str:
         return "true" if value else "false"
     if value is None:
         return ""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))  # 1e6 and 1.0 read "1000000" and "1", as JavaScript writes them
     return str(value)
 
 def substitute(value: str, *, job_name: str, user_name: str, default_fs_uri: str) -> str:
     """Replace $PAI_DEFAULT_FS_URI, $PAI_JOB_NAME, $PAI_USER_NAME (or ${...})."""
-    values = {"PAI_DEFAULT_FS_URI": default_fs_uri, "PAI_JOB_NAME": job_name, "PAI_USER_NAME": user_name}
+    values = {"PAI_DEFAULT_FS_URI": default_fs_uri, "PAI_JOB_NAME": job_name, "PAI_USER_NAME": user_name,
+              "PAI_USERNAME": user_name}
     return _SUBST_RE.sub(lambda m: values[m.group(1) or m.group(2)], value)
 
 

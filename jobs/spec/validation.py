@@ -188,8 +188,10 @@ class _Validator:
         gpu_type = self.string(value, "gpuType", "", required=False, max_length=MAX_GPU_TYPE_LENGTH,
                                pattern=GPU_TYPE_RE, pattern_help="a GPU type name like V100")
         retry = self.integer(value, "retryCount", "", required=False, minimum=0, maximum=MAX_RETRY_COUNT, default=0)
+        # Any count is taken (OpenPAI's schema has no maximum; one above the
+        # job's tasks is warned about below), up to a 32-bit integer's.
         kill_all = self.integer(value, "killAllOnCompletedTaskNumber", "", required=False, minimum=0,
-                                maximum=MAX_TASKS_PER_JOB, default=None, nullable=True)
+                                maximum=2**31 - 1, default=None, nullable=True)
         roles = self.task_roles(value)
         envs = self.job_envs(value)
         extras = self.extras(value)
@@ -304,7 +306,7 @@ class _Validator:
                                 pattern_help="letters, digits and . _ ~ (pattern ^[A-Za-z0-9._~]+$)", max_length=64)
             begin = self.integer(entry, "beginAt", port_path, required=True, minimum=0, maximum=65535)
             number = self.integer(entry, "portNumber", port_path, required=True, minimum=1, maximum=MAX_PORT_NUMBER)
-            self.unknown_keys(entry, port_path, PORT_FIELDS, ())
+            kept = self.unknown_keys(entry, port_path, PORT_FIELDS, ())
             if begin and number and begin + number - 1 > 65535:
                 self.error(f"{port_path}.beginAt", f"ports {begin}..{begin + number - 1} go past 65535")
             if label is not None and label in labels:
@@ -312,7 +314,7 @@ class _Validator:
             elif label is not None:
                 labels[label] = index
             if self.problem_count == before and label is not None and begin is not None and number is not None:
-                ports.append(PortSpec(label=label, begin_at=begin, port_number=number))
+                ports.append(PortSpec(label=label, begin_at=begin, port_number=number, extra=kept))
         return ports
 
     def job_envs(self, value: dict) -> dict[str, Scalar] | None:

@@ -12,7 +12,7 @@ Order and fairness (the rule documented in the README):
   cluster is blocked behind it: no later job of that virtual cluster starts
   until it has started, so running jobs drain and the big job gets its turn.
   A job that could never fit (bigger than any node, or than its virtual
-  cluster's whole quota) never blocks anyone.
+  cluster's whole quota: `never_fits`) never blocks anyone.
 
 Per-user limits (an admin's, per virtual cluster): a job that would put its
 owner over their running jobs or GPUs there waits, says which limit, and
@@ -207,9 +207,12 @@ class _NodeIndex:
             del level[bisect_left(level, entry)]
         self._file(position, node)
 
-    def best(self, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota) -> Placement | None:
+    def best(self, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota,
+             reserved: frozenset[int] = frozenset()) -> Placement | None:
         """The placement `place_job` would pick for this task among every
-        node: the same as the best `_fit_score` of `_try_node` over them."""
+        node: the same as the best `_fit_score` of `_try_node` over them.
+        `reserved`: the job's fixed ports, which no port of its own "any
+        free port" requests may take."""
         if quota.cpus - quota.used_cpus < role.cpus - _EPSILON or quota.memory_mb - quota.used_memory_mb < role.memory_mb - _EPSILON:
             return None  # _try_node refuses every node
         if not role.gpus:
@@ -220,7 +223,7 @@ class _NodeIndex:
         for free in range(role.gpus, self.top + 1):
             found: tuple[_Entry, Placement] | None = None
             for kind in kinds:
-                fit = self._first_fit(self.levels.get((kind, free)), role, index, gpu_type, quota)
+                fit = self._first_fit(self.levels.get((kind, free)), role, index, gpu_type, quota, reserved)
                 if fit is not None and (found is None or fit[0] < found[0]):
                     found = fit
             if found is not None:
@@ -228,13 +231,13 @@ class _NodeIndex:
         return None
 
     def _first_fit(self, level: list[_Entry] | None, role: RoleRequest, index: int, gpu_type: str | None,
-                   quota: Quota) -> tuple[_Entry, Placement] | None:
+                   quota: Quota, reserved: frozenset[int]) -> tuple[_Entry, Placement] | None:
         if not level:
             return None
         for entry in islice(level, bisect_left(level, (role.cpus,)), None):
             if entry[1] < role.memory_mb:
                 continue
-            placement = _try_node(self.nodes[entry[3]], role, index, gpu_type, quota)
+            placement = _try_node(self.nodes[entry[3]], role, index, gpu_type, quota, reserved)
             if placement is not None:
                 return entry, placement
         return None
@@ -290,10 +293,14 @@ class _Ledger:
         self.entries.clear()
 
 
-def _pick_ports(node: NodeState, requests: tuple[PortSpec, ...]) -> dict[str, list[int]] | None:
+def _pick_ports(node: NodeState, requests: tuple[PortSpec, ...],
+                reserved: frozenset[int] = frozenset()) -> dict[str, list[int]] | None:
+    """Fixed ports first, then any free ones but the job's fixed ports
+    (`reserved`), so that no "any port" of the job takes one it asks for
+    exactly: the task's own, or another task's on this address."""
     taken = set(node.used_ports)
     chosen: dict[str, list[int]] = {}
-    for request in requests:
+    for request in sorted(requests, key=lambda request: not request.begin_at):
         if request.begin_at:
             fixed = range(request.begin_at, request.begin_at + request.port_number)
             if not node.may_fix(fixed) or any(port in taken for port in fixed):
@@ -302,7 +309,7 @@ def _pick_ports(node: NodeState, requests: tuple[PortSpec, ...]) -> dict[str, li
         else:
             wanted = []
             for port in range(node.port_start, node.port_end + 1):
-                if port not in taken:
+                if port not in taken and port not in reserved:
                     wanted.append(port)
                     if len(wanted) == request.port_number:
                         break
@@ -310,10 +317,11 @@ def _pick_ports(node: NodeState, requests: tuple[PortSpec, ...]) -> dict[str, li
                 return None
         taken.update(wanted)
         chosen[request.label] = wanted
-    return chosen
+    return {request.label: chosen[request.label] for request in requests}
 
 
-def _try_node(node: NodeState, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota) -> Placement | None:
+def _try_node(node: NodeState, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota,
+              reserved: frozenset[int] = frozenset()) -> Placement | None:
     if node.free_cpus < role.cpus or node.free_memory_mb < role.memory_mb:
         return None
     if quota.cpus - quota.used_cpus < role.cpus - _EPSILON or quota.memory_mb - quota.used_memory_mb < role.memory_mb - _EPSILON:
@@ -335,7 +343,7 @@ def _try_node(node: NodeState, role: RoleRequest, index: int, gpu_type: str | No
                 break
         else:
             return None
-    ports = _pick_ports(node, role.ports)
+    ports = _pick_ports(node, role.ports, reserved)
     if ports is None:
         return None
     return Placement(role=role.name, index=index, node_id=node.id, gpus=gpus, gpu_type=chosen_type,
@@ -351,6 +359,25 @@ def _hardest_first(roles: tuple[RoleRequest, ...]) -> list[RoleRequest]:
     return sorted(roles, key=lambda r: (-r.gpus, -r.cpus, -r.memory_mb))
 
 
+def _orders(roles: tuple[RoleRequest, ...]) -> list[list[RoleRequest]]:
+    """The orders to place a gang's roles in, each different: hardest by
+    GPUs first, then by CPUs first, then by memory first. Best fit task by
+    task never goes back, so one order can fill the only node another role
+    fits on (2 GPUs and 1 CPU taking the one node with 8 CPUs that a
+    1-GPU, 8-CPU role needs), where another order places the job."""
+    orders = [_hardest_first(roles)]
+    for key in (lambda r: (-r.cpus, -r.gpus, -r.memory_mb), lambda r: (-r.memory_mb, -r.gpus, -r.cpus)):
+        order = sorted(roles, key=key)
+        if order not in orders:
+            orders.append(order)
+    return orders
+
+
+def _fixed_ports(job: JobRequest) -> frozenset[int]:
+    return frozenset(port for role in job.roles for p in role.ports if p.begin_at
+                     for port in range(p.begin_at, p.begin_at + p.port_number))
+
+
 def place_job(job: JobRequest, nodes: list[NodeState], quota: Quota) -> list[Placement] | None:
     """Place every task of `job` or nothing; on success the allocations stay
     applied to `nodes` and `quota`. Each task goes to the node of the best
@@ -359,11 +386,21 @@ def place_job(job: JobRequest, nodes: list[NodeState], quota: Quota) -> list[Pla
 
 
 def _place_job(job: JobRequest, index: _NodeIndex, quota: Quota) -> list[Placement] | None:
+    reserved = _fixed_ports(job)
+    for order in _orders(job.roles):
+        placements = _place_in_order(job, order, index, quota, reserved)
+        if placements is not None:
+            return placements
+    return None
+
+
+def _place_in_order(job: JobRequest, order: list[RoleRequest], index: _NodeIndex, quota: Quota,
+                    reserved: frozenset[int]) -> list[Placement] | None:
     ledger = _Ledger(quota, index)
     placements: list[Placement] = []
-    for role in _hardest_first(job.roles):
+    for role in order:
         for task in range(role.task_number):
-            best = index.best(role, task, job.gpu_type, quota)
+            best = index.best(role, task, job.gpu_type, quota, reserved)
             if best is None:
                 ledger.undo()
                 return None
@@ -446,6 +483,27 @@ def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | N
     if total_gpus > gpu_quota + _EPSILON:
         kind = f" of type {job.gpu_type}" if job.gpu_type else ""
         return f"can never fit: needs {total_gpus} GPUs{kind} but virtual cluster '{job.vc}' holds {_num(gpu_quota)}"
+    # One task's GPUs are all of one type: a task needs that many of some type.
+    most_of_a_type = max(quota.gpus.values(), default=0.0) if not job.gpu_type else gpu_quota
+    for role in job.roles:
+        if role.gpus > most_of_a_type + _EPSILON:
+            return (f"can never fit: a task of role {role.name} needs {role.gpus} GPUs of one type but virtual "
+                    f"cluster '{job.vc}' holds at most {_num(most_of_a_type)} of any type")
+    return _ports_never_fit(job, nodes)
+
+
+def _ports_never_fit(job: JobRequest, nodes: list[NodeState]) -> str | None:
+    """A fixed port that more of the job's tasks ask for than the cluster has
+    addresses (ports belong to an address) can never be given to them all."""
+    asking: dict[int, int] = defaultdict(int)
+    for role in job.roles:
+        for port in {port for p in role.ports if p.begin_at for port in range(p.begin_at, p.begin_at + p.port_number)}:
+            asking[port] += role.task_number
+    addresses = len({node.address for node in nodes})
+    for port, tasks in sorted(asking.items()):
+        if tasks > addresses:
+            return (f"can never fit: {tasks} tasks ask for port {port} but the cluster has "
+                    f"{_count(addresses, 'node address')}, each with one port {port}")
     return None
 
 
@@ -457,6 +515,8 @@ def over_user_limit(job: JobRequest, quota: UserQuota | None) -> tuple[str, bool
     gpus, limit = job.total_gpus, quota.max_gpus
     if limit is not None and gpus > limit:
         return f"can never fit: needs {_count(gpus, 'GPU')} but your limit in virtual cluster '{job.vc}' is {limit}", True
+    if quota.max_running_jobs == 0:
+        return f"can never fit: your limit of running jobs in virtual cluster '{job.vc}' is 0", True
     if quota.max_running_jobs is not None and quota.running_jobs >= quota.max_running_jobs:
         return (f"you have {_count(quota.running_jobs, 'running job')} in virtual cluster '{job.vc}', your limit there; "
                 "it starts when one of them ends"), False

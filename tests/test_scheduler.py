@@ -273,3 +273,56 @@ def test_it_blocks_behind_an_alike_job_overtaken_too_often():
     assert decision.placed == {}
     assert decision.waiting[1] == decision.waiting[2]
     assert "queued behind job #2" in decision.waiting[3]
+
+
+PLATFORM_PORTS = (PortSpec("ssh", 0, 1), PortSpec("main", 0, 1))  # what scheduling adds to every role
+
+
+def test_a_gang_one_order_of_its_roles_cannot_place_is_placed_in_another():
+    """Best fit by GPUs first puts role a (2 GPUs, 1 CPU) on n1, the one node
+    with the 8 CPUs role b needs; CPUs first places both."""
+    nodes = [node(1, "n1", cpus=8, gpus={0: "V100", 1: "V100"}),
+             node(2, "n2", cpus=1, gpus={0: "V100", 1: "V100", 2: "V100"})]
+    gang = job(1, r(name="a", gpus=2, cpus=1), r(name="b", gpus=1, cpus=8), gpu_type="V100", overtaken=3)
+    decision = schedule([gang, job(2, r(cpus=1))], nodes, big_quota(), max_overtakes=3)
+    assert {p.role: p.node_id for p in decision.placed[1]} == {"a": 2, "b": 1}
+    assert sum(n.used_cpus for n in nodes) == 9 and 2 not in decision.placed  # no CPU left for job 2
+
+
+def test_no_any_port_request_takes_a_port_the_job_asks_for_exactly():
+    ports = (PortSpec("http", 0, 1), PortSpec("fixed", 20000, 1)) + PLATFORM_PORTS
+    decision = schedule([job(1, r(ports=ports))], [node(1, "a")], big_quota(), max_overtakes=3)
+    placed = decision.placed[1][0].ports
+    assert placed["fixed"] == [20000] and 20000 not in placed["http"] + placed["ssh"] + placed["main"]
+    assert list(placed) == ["http", "fixed", "ssh", "main"]  # in the order the role lists them
+    # Across roles on one address: the GPU role goes first, and its platform ports leave 20000 alone.
+    worker = r(name="worker", gpus=1, ports=PLATFORM_PORTS)
+    server = r(name="server", ports=(PortSpec("http", 20000, 1),) + PLATFORM_PORTS)
+    decision = schedule([job(2, worker, server)], [node(2, "b", gpus={0: "V100"})], big_quota(), max_overtakes=3)
+    assert {p.role: p.ports.get("http") for p in decision.placed[2]} == {"worker": None, "server": [20000]}
+
+
+def test_a_task_needing_more_gpus_of_one_type_than_its_vc_holds_of_any_never_blocks():
+    nodes = [node(1, "a", gpus={0: "K80", 1: "K80"}), node(2, "b", gpus={0: "V100", 1: "V100"})]
+    quotas = {"half": Quota(cpus=8, memory_mb=32000, gpus={"K80": 1, "V100": 1})}
+    decision = schedule([job(1, r(gpus=2), vc="half", overtaken=3), job(2, r(gpus=1), vc="half")], nodes, quotas,
+                        max_overtakes=3)
+    assert 1 in decision.never_fits and "2 GPUs of one type" in decision.waiting[1]
+    assert 2 in decision.placed
+
+
+def test_a_fixed_port_more_tasks_ask_for_than_there_are_addresses_never_blocks():
+    hopeless = job(1, r(tasks=2, ports=(PortSpec("fixed", 20005, 1),) + PLATFORM_PORTS), overtaken=3)
+    decision = schedule([hopeless, job(2, r(ports=PLATFORM_PORTS))], [node(1, "a")], big_quota(), max_overtakes=3)
+    assert 1 in decision.never_fits and "2 tasks ask for port 20005" in decision.waiting[1]
+    assert 2 in decision.placed
+    # Two addresses: it fits.
+    decision = schedule([job(3, r(tasks=2, ports=(PortSpec("fixed", 20005, 1),)))], [node(1, "a"), node(2, "b")],
+                        big_quota(), max_overtakes=3)
+    assert 3 in decision.placed
+
+
+def test_a_running_job_limit_of_zero_can_never_be_met():
+    decision = schedule([job(1, r(), owner=7)], [node(1, "a")], big_quota(), max_overtakes=3,
+                        user_quotas={("default", 7): UserQuota(max_running_jobs=0)})
+    assert 1 in decision.never_fits and "limit of running jobs" in decision.waiting[1]

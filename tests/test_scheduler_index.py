@@ -23,9 +23,10 @@ from tests.test_scheduler_properties import PROPERTY_SETTINGS, scenarios
 class EveryNode(scheduler._NodeIndex):
     """Best fit by looking at every node, as `place_job` and `explain_wait` did."""
 
-    def best(self, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota) -> Placement | None:
+    def best(self, role: RoleRequest, index: int, gpu_type: str | None, quota: Quota,
+             reserved: frozenset[int] = frozenset()) -> Placement | None:
         options = [(p, position) for position, node in enumerate(self.nodes)
-                   if (p := _try_node(node, role, index, gpu_type, quota))]
+                   if (p := _try_node(node, role, index, gpu_type, quota, reserved))]
         if not options:
             return None
         return min(options, key=lambda option: (_fit_score(self.nodes[option[1]], option[0]), option[1]))[0]

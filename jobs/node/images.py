@@ -187,11 +187,15 @@ class ImageGate:
         if recheck:
             self._check(image, auth)
             return
+        if auth is not None and not self._anyone_may_pull(image):
+            # Recorded before the pull, not after it: from the pull's end the
+            # image is on the engine, and another job's launch meanwhile (a
+            # thread of this agent, or another agent of the engine) must find
+            # it private; so must the next agent, if this one dies mid-pull.
+            self.private.add(image)
         note(f"pulling image {image}")
         self._pull(image, auth, PullRecord(attempt_id, image) if attempt_id is not None else None)
         note(f"pulled image {image}")
-        if auth is not None and not self._anyone_may_pull(image):
-            self.private.add(image)
 
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
         if record is None:

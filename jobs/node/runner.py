@@ -30,7 +30,7 @@ from jobs import environment, keys, services, storage
 from jobs.models import ExitType, Job, SshKey, TaskAttempt
 from jobs.node import launcher
 from jobs.node.context import NodeContext
-from jobs.node.images import ImageGate, PrivateImages
+from jobs.node.images import ImageGate, PrivateImages, resolve_host
 from jobs.node.staging import CodeStager, owner_reader, stage_folder
 from jobs.services.access import ensure_job_key_pair
 from jobs.spec import JobSpec
@@ -207,11 +207,21 @@ def peer_ssh_files(ctx: LaunchContext) -> dict[str, tuple[bytes, int]]:
 
 
 def _bind_address(address: str) -> str:
+    """Where the node publishes task ports: its address, a host name as the
+    address it resolves to. Never every interface: on the portal's machine
+    that would serve a job's port at the portal's own host names too (its
+    session cookie goes to any port there: review finding 1)."""
     try:
         ipaddress.ip_address(address)
     except ValueError:
-        return "0.0.0.0"  # a host name: publish on every interface of the node
-    return address
+        pass
+    else:
+        return address
+    try:
+        return sorted(resolve_host(address), key=lambda ip: ":" in ip)[0]  # IPv4 first, as docker -p prefers
+    except (OSError, IndexError):
+        raise launcher.LaunchError(ExitType.PLATFORM, f"the node's address {address} does not resolve on the node, "
+                                                      "so its task ports cannot be published") from None
 
 
 def web_port_addresses(ports: dict[str, list[int]]) -> dict[int, str]:

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 PROLOGUE = (Path(__file__).with_name("prologue.sh")).read_text()
 # Docker's own name for its default bridge network.
 DEFAULT_NETWORK = "bridge"
+# How long a short command in a task's container (the sshd probe, a
+# terminal's hang-up) may run before the agent stops waiting for it.
+EXEC_STATUS_SECONDS = 10.0
 
 
 def _docker_time(value: str | None) -> datetime | None:
@@ -384,7 +387,9 @@ class DockerEngine:
 
     def remove(self, container_id: str) -> None:
         try:
-            self.api.remove_container(container_id, force=True)
+            # With its anonymous volumes (an image's VOLUME): else what the
+            # task wrote there stays on the node's disk for good, uncounted.
+            self.api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -487,12 +492,24 @@ class DockerEngine:
         return SocketLogStream(ours)
 
     def exec_status(self, container_id: str, command: list[str]) -> int | None:
-        """Exit code of a short command run in the container (None: could not run)."""
+        """Exit code of a short command run in the container (None: could not
+        run, or still running after EXEC_STATUS_SECONDS).
+
+        Detached, its output never read: it runs the image's own /bin/sh,
+        which is the user's, and what that prints must not pile up in the
+        agent (attached, the SDK keeps all of it), nor a trickle of it hold
+        the agent's thread for good."""
         try:
-            # Attached output makes exec_start wait until the command ends.
-            exec_id = self.api.exec_create(container_id, command, stdout=True, stderr=True)["Id"]
-            self.api.exec_start(exec_id)
-            return self.api.exec_inspect(exec_id).get("ExitCode")
+            exec_id = self.api.exec_create(container_id, command, stdout=False, stderr=False)["Id"]
+            self.api.exec_start(exec_id, detach=True)
+            ends = time.monotonic() + EXEC_STATUS_SECONDS
+            while True:
+                state = self.api.exec_inspect(exec_id)
+                if not state.get("Running") and state.get("ExitCode") is not None:
+                    return state["ExitCode"]
+                if time.monotonic() >= ends:
+                    return None
+                time.sleep(0.02)
         except docker.errors.APIError:
             return None
 

@@ -11,8 +11,9 @@ rules match all of them, whichever jobs come and go:
                  host's sshd, any port that is not a published task port.
                  (Published ports are DNATed in PREROUTING, before INPUT, so
                  they still work, through FORWARD.)
-    DOCKER-USER  from a task bridge to 169.254.0.0/16 (cloud metadata
-                 services) is rejected.
+    DOCKER-USER  from a task bridge to 169.254.0.0/16 and 100.100.100.200
+                 (cloud metadata services: most clouds', Alibaba's) is
+                 rejected.
 
 Traffic between containers on different networks is dropped by Docker
 itself (its DOCKER-ISOLATION chains); between one-task jobs' containers by
@@ -37,7 +38,9 @@ from jobs.node.holders import holder_is_gone
 
 BRIDGE_PREFIX = "pai-"
 COMMENT = "pai-task-firewall"
-METADATA_NETWORK = "169.254.0.0/16"
+# Link-local (AWS, GCP, Azure, Oracle, ...), and Alibaba Cloud's, which is in
+# the shared 100.64/10 (the rest of that range may be a VPN's: left open).
+METADATA_NETWORKS = ("169.254.0.0/16", "100.100.100.200/32")
 
 
 class FirewallError(Exception):
@@ -63,7 +66,7 @@ def _rules(owner: str) -> list[tuple[str, list[str]]]:
         ("INPUT", bridges + ["-p", "udp", "--dport", "53"] + tag + ["-j", "ACCEPT"]),
         ("INPUT", bridges + ["-p", "tcp", "--dport", "53"] + tag + ["-j", "ACCEPT"]),
         ("INPUT", bridges + tag + ["-j", "REJECT"]),
-        ("DOCKER-USER", bridges + ["-d", METADATA_NETWORK] + tag + ["-j", "REJECT"]),
+        *[("DOCKER-USER", bridges + ["-d", network] + tag + ["-j", "REJECT"]) for network in METADATA_NETWORKS],
     ]
 
 

@@ -178,3 +178,11 @@ def test_a_usage_since_past_the_ends_of_the_calendar_is_a_400(alice, bob, since)
         assert answer.status_code == 400 and "years 1 and 9999" in answer.json()["message"], (path, answer.content)
         assert client.get(path, {"since": since}, **_bearer(bob)).status_code == 404
         assert client.get(path, {"since": since}).status_code == 401
+
+
+def test_an_api_path_holding_a_newline_is_the_apis_json_404(alice):
+    client, auth = Client(raise_request_exception=False), _bearer(alice)
+    for path in ("/api/v1/jobs/a%0Ab~x/job-attempts", "/api/v2/no%0Athing", "/rest-server/api/v1/x%0A"):
+        answer = client.get(path, **auth)
+        assert (answer.status_code, answer["Content-Type"]) == (404, "application/json"), path
+        assert answer.json()["code"] == "NoApiError"

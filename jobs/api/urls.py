@@ -51,5 +51,5 @@ urlpatterns = [
     route(r"user/(?P<username>[^/]+)", users.user_detail, "user_detail"),
     route(r"user/(?P<username>[^/]+)/virtualClusters", users.user_virtual_clusters, "user_virtual_clusters"),
     route(r"user/(?P<username>[^/]+)/webhook", webhooks.webhook, "user_webhook"),
-    re_path(r"^.*$", no_api_view, name="no_api"),
+    re_path(r"^[\s\S]*$", no_api_view, name="no_api"),  # not ".": a path holding a newline too
 ]

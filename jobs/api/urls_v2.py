@@ -46,5 +46,5 @@ urlpatterns = [
     route(r"nodes/(?P<name>[^/]+)/uncordon", nodes.node_uncordon, "node_uncordon"),
     route("node-join-tokens", nodes.join_token_list, "node_join_tokens"),
     route(r"node-join-tokens/(?P<prefix>[^/]+)", nodes.join_token, "node_join_token"),
-    re_path(r"^.*$", no_api_view, name="no_api"),
+    re_path(r"^[\s\S]*$", no_api_view, name="no_api"),  # not ".": a path holding a newline too
 ]

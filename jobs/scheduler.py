@@ -388,14 +388,20 @@ def place_job(job: JobRequest, nodes: list[NodeState], quota: Quota) -> list[Pla
 def _place_job(job: JobRequest, index: _NodeIndex, quota: Quota) -> list[Placement] | None:
     reserved = _fixed_ports(job)
     for order in _orders(job.roles):
-        placements = _place_in_order(job, order, index, quota, reserved)
+        placements, placed = _place_in_order(job, order, index, quota, reserved)
         if placements is not None:
             return placements
+        if not placed:
+            # Its first task fits nowhere even before any other task took a
+            # thing, so it fits nowhere after them either: no order helps (the
+            # common case on a full cluster, which then costs one try).
+            return None
     return None
 
 
 def _place_in_order(job: JobRequest, order: list[RoleRequest], index: _NodeIndex, quota: Quota,
-                    reserved: frozenset[int]) -> list[Placement] | None:
+                    reserved: frozenset[int]) -> tuple[list[Placement] | None, int]:
+    """(the placements, or None if the gang does not fit; how many tasks were placed before it stopped)."""
     ledger = _Ledger(quota, index)
     placements: list[Placement] = []
     for role in order:
@@ -403,10 +409,10 @@ def _place_in_order(job: JobRequest, order: list[RoleRequest], index: _NodeIndex
             best = index.best(role, task, job.gpu_type, quota, reserved)
             if best is None:
                 ledger.undo()
-                return None
+                return None, len(placements)
             ledger.take(index.by_id[best.node_id], best)
             placements.append(best)
-    return placements
+    return placements, len(placements)
 
 
 def _quota_words(quota: Quota, vc: str, role: RoleRequest, gpu_type: str | None) -> str:

@@ -313,7 +313,9 @@ def _schemas() -> dict[str, Schema]:
                             "description": "the current password; required to change one's own"},
             "admin": BOOLEAN, "modify": {"type": "boolean", "description": "false: create; true: change"},
         }, ["username"]),
-        "UserName": obj({"username": {"type": "string", "maxLength": 64}}, ["username"]),
+        # Not required: ?username= may name the user instead (DELETE /user).
+        "UserName": obj({"username": {"type": "string", "maxLength": 64,
+                                      "description": "the user; or give ?username= instead"}}),
         "UserVirtualClusters": obj({"virtualClusters": {
             "oneOf": [{"type": "string", "description": "names separated by commas"},
                       {"type": "array", "items": STRING}]}}, ["virtualClusters"]),

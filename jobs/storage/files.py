@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from jobs import storage
 from jobs.storage import access, paths, quota
 from jobs.storage.access import Reader
-from jobs.storage.base import PARTIAL_PREFIX, Entry
+from jobs.storage.base import PARTIAL_PREFIX, Backend, Entry
 from jobs.storage.errors import StorageError, StorageNotFound
 from jobs.storage.uploads import StagedFile, Staging
 
@@ -83,6 +83,10 @@ def _name(name: str, what: str) -> str:
         raise StorageError(f"the {what} name {exc}") from None
     if relative == paths.ROOT:
         raise StorageError(f"the {what} name is empty")
+    # A path typed or linked is stripped of the spaces around it, so a name
+    # ending in one could be stored but never downloaded or deleted.
+    if any(part != part.strip() for part in relative.split("/")):
+        raise StorageError(f'the {what} name "{name}" has a part that starts or ends with a space')
     return relative.lstrip("/")
 
 
@@ -121,6 +125,7 @@ def files_save(reader: Reader, folder: str, items: list[tuple[str, StagedFile]],
         raise StorageError("no files were sent")
     storage.ensure_home(reader, folder)
     backend = storage.backend_for(reader)
+    _check_layout(backend, folder, [path for path, _ in targets])
     conflicts, existing = [], {}
     for path, _ in targets:
         access.check_write(reader, path)
@@ -136,6 +141,30 @@ def files_save(reader: Reader, folder: str, items: list[tuple[str, StagedFile]],
     for owner, (size, count) in added.items():
         quota.note_written(owner, added_bytes=size, added_files=count)
     return [path for path, _ in targets]
+
+
+def _check_layout(backend: Backend, folder: str, targets: list[str]) -> None:
+    """Refuse, before anything is moved, an upload whose files cannot all be
+    put in place: a name given twice, a name that another needs as a folder,
+    or an existing file standing where a folder must go. Each would have
+    failed half-way, with the earlier files already stored."""
+    seen: set[str] = set()
+    for path in targets:
+        if path in seen:
+            raise StorageError(f"{path} is named twice in this upload")
+        seen.add(path)
+    folders: dict[str, bool] = {}  # each folder above a target: whether a file stands there
+    for path in targets:
+        above = paths.parent(path)
+        while above != folder and above != paths.ROOT and above not in folders:
+            if above in seen:
+                raise StorageError(f"{above} is both a file and a folder in this upload")
+            entry = backend.stat(above)
+            folders[above] = entry is not None and not entry.is_dir
+            above = paths.parent(above)
+        blocked = [name for name, is_file in folders.items() if is_file and path.startswith(name + "/")]
+        if blocked:
+            raise StorageError(f"{blocked[0]} is a file, so {path} cannot go under it")
 
 
 def _check_quota(existing: dict[str, Entry | None],

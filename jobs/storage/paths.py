@@ -31,6 +31,10 @@ from jobs.storage.registry import StorageKind, storage_for_backend
 ROOT = "/"
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# HdfsCLI's client expands a path part ending in "#LATEST" (or "#LATEST{n}")
+# to the newest entry of its folder, on every call but a rename's target:
+# such a name could be written but not read, and deleting it deleted another.
+_LATEST_RE = re.compile(r"#LATEST(?:\{\d+\})?$")
 # Parts (folders and the name at the end) a storage path may have. Far more
 # than anyone nests folders, and far below what breaks: Path.mkdir(parents=True)
 # recurses once per missing folder (Python stops at 1,000 frames), the
@@ -54,6 +58,9 @@ def normalize(path: str, *, typed: str | None = None) -> str:
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise StorageError(f'"{typed or path}" contains "..": write the path without going up a folder')
+    if any(_LATEST_RE.search(part) for part in parts):
+        raise StorageError(f'"{_shown(typed or path)}" has a name ending in #LATEST, which HDFS clients read as '
+                           "the newest entry of its folder; rename it")
     if len(parts) > MAX_DEPTH:
         raise StorageError(f'"{_shown(typed or path)}" has {len(parts)} parts; a storage path may have at most '
                            f"{MAX_DEPTH} (its folders and the name at its end)")

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, OuterRef, Subquery
+from django.db.models import Count, Max, Model, OuterRef, Subquery
 from django.utils import timezone
 from prometheus_client.utils import floatToGoString
 
@@ -155,6 +155,23 @@ def running_task_usage(now: datetime) -> list[TaskUse]:
             for attempt_id, cpu, memory, rx, tx, gpus, user, name, role, index, node, idle_since in fetched]
 
 
+def _last_id_handed_out(model: type[Model]) -> int:
+    """The last id the database handed out for `model`'s rows: the counters
+    below (jobs submitted, log lines written). Not the highest id there now,
+    which goes down when the newest job is deleted, and Prometheus would
+    take that for a reset of the counter."""
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":  # Django's AUTOINCREMENT keeps it there
+            cursor.execute("SELECT seq FROM sqlite_sequence WHERE name = %s", [table])
+        elif connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')::regclass)", [table])
+        else:
+            return model.objects.aggregate(n=Max("id"))["n"] or 0
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def snapshot() -> Snapshot:
     now = timezone.now()
     vcs = dict(VirtualCluster.objects.values_list("id", "name"))
@@ -169,8 +186,8 @@ def snapshot() -> Snapshot:
                  .annotate(n=Count("id")))
     result = Snapshot(
         now=now, vcs=vcs, jobs=jobs, nodes=nodes, gpus_used=gpus_used, tasks=tasks,
-        jobs_submitted=Job.objects.aggregate(n=Max("id"))["n"] or 0,
-        log_lines_written=LogLine.objects.aggregate(n=Max("id"))["n"] or 0,
+        jobs_submitted=_last_id_handed_out(Job),
+        log_lines_written=_last_id_handed_out(LogLine),
         usage=running_task_usage(now),
     )
     names = [queues.scheduler_queue_name(), queues.notify_queue_name(),

@@ -23,8 +23,11 @@ from jobs import queues, services
 from jobs.models import (
     GpuAllocation,
     Job,
+    JobAttempt,
     LogLine,
     Node,
+    Stream,
+    Task,
     TaskAttempt,
     TaskUsage,
     VirtualCluster,
@@ -274,3 +277,20 @@ def test_each_running_task_shows_its_newest_recent_sample_with_gpu_figures(admin
     mine = [dict(labels) for name, labels in found if name.startswith("portal_task_") and dict(labels).get("job")
             == f"{alice.username}~{job.name}"]
     assert {item["task"] for item in mine} == {"main-0"}
+
+
+def test_the_submission_and_log_line_counters_never_go_down(alice, admin_user):
+    """They are the last ids handed out, not the highest there now: deleting
+    the newest job (any user may, once it ended) made both go down, which
+    Prometheus takes for a reset (rate() and increase() jump)."""
+    job = submit(alice, config(f"counted_{uuid.uuid4().hex[:6]}", role(gpus=64)))
+    attempt = TaskAttempt.objects.create(task=Task.objects.create(job=job, role="x", index=0),
+                                         job_attempt=JobAttempt.objects.get(job=job, number=1), job=job, number=1)
+    LogLine.objects.create(attempt=attempt, stream=Stream.STDOUT, seq=1, text="the newest line")
+    services.job_stop(job=job, by=alice)
+    before = samples(scrape(logged_in(admin_user)))
+    assert value(before, "portal_jobs_submitted_total") >= job.pk
+    services.job_delete(job=Job.objects.get(pk=job.pk))
+    after = samples(scrape(logged_in(admin_user)))
+    for counter in ("portal_jobs_submitted_total", "portal_log_lines_written_total"):
+        assert value(after, counter) == value(before, counter), counter

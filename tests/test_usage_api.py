@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs.models import IdleGpus
+from jobs.models import IdleGpus, TaskUsage
 from jobs.services import usage
 from tests.test_metrics import samples as metric_samples
 from tests.test_usage import node, running_tasks  # noqa: F401  (fixture)
@@ -116,3 +116,40 @@ def test_the_job_page_and_the_job_list_flag_a_task_with_idle_gpus(alice, job_wit
     row = rows[rows.index(f'data-job-id="{job.pk}"'):]
     assert "GPUs idle" in row[:row.index("</tr>")]
     assert client.get(v2_url(job)).json()["tasks"][1]["idleGpus"] is True
+
+
+def test_since_set_to_the_last_samples_own_time_gives_nothing_new(alice, bob, node):  # noqa: F811
+    """Samples are stored to the microsecond and given to the millisecond:
+    the last one came back at every poll that passed its time."""
+    attempt = running_tasks(alice, node, 1)[0]
+    usage.samples_record([usage.Sample(attempt.pk, timezone.now().replace(microsecond=123456), cpu_percent=10.0,
+                                       memory_bytes=1)])
+    url = f"/api/v1/user/{alice.username}/jobs/{attempt.job.name}/tasks/main/0/metrics"
+    last = logged_in(alice).get(url).json()["samples"][-1]["time"]
+    assert last.endswith(".123Z")
+    assert logged_in(alice).get(url, {"since": last}).json()["samples"] == []
+    assert logged_in(bob).get(url, {"since": last}).status_code == 404
+    assert Client().get(url, {"since": last}).status_code == 401
+
+
+def test_paging_on_with_since_reaches_every_sample(alice, node):  # noqa: F811
+    """Without `since` the newest MAX_SAMPLES; with it the oldest after it,
+    so paging on from the last one reads every sample (it gave the newest
+    5,000 after `since`, and the older ones could never be read)."""
+    attempt = running_tasks(alice, node, 1)[0]
+    start = timezone.now() - timedelta(hours=8)
+    TaskUsage.objects.bulk_create([
+        TaskUsage(attempt_id=attempt.pk, at=start + timedelta(seconds=5 * i), cpu_percent=1.0, memory_bytes=1)
+        for i in range(usage.MAX_SAMPLES + 10)])
+    try:
+        url = f"/api/v1/user/{alice.username}/jobs/{attempt.job.name}/tasks/main/0/metrics"
+        client = logged_in(alice)
+        newest = client.get(url).json()["samples"]
+        assert len(newest) == usage.MAX_SAMPLES and newest[-1]["time"] > newest[0]["time"]
+        since, seen = (start - timedelta(seconds=1)).isoformat(), []
+        while page := client.get(url, {"since": since}).json()["samples"]:
+            seen += [sample["time"] for sample in page]
+            since = page[-1]["time"]
+        assert len(seen) == len(set(seen)) == usage.MAX_SAMPLES + 10 and seen == sorted(seen)
+    finally:  # old samples that usage_compact in other tests would fold (the database outlives a test)
+        TaskUsage.objects.filter(attempt_id=attempt.pk).delete()

@@ -258,15 +258,21 @@ MAX_SAMPLES = 5000
 
 
 def task_samples(attempt_id: int, *, since: datetime | None = None, limit: int = MAX_SAMPLES) -> list[TaskUsage]:
-    """A task attempt's samples after `since`, oldest first: the newest
-    `limit` of them (a month of averages is 43,200 rows; a graph needs far
-    fewer, and `since` pages on)."""
+    """A task attempt's samples, oldest first, at most `limit` of them (a
+    month of averages is 43,200 rows; a graph needs far fewer): without
+    `since` the newest; with it the oldest after it, so that passing the
+    last one's time pages on through every sample.
+
+    "After" counts in milliseconds, as sample_json writes times: a sample
+    stored at 10:00:00.123456 is given as .123, and `since=...123` must not
+    give it again."""
     rows = TaskUsage.objects.filter(attempt_id=attempt_id)
-    if since is not None:
-        rows = rows.filter(at__gt=since)
-    newest = list(rows.order_by("-at")[:limit])
-    newest.reverse()
-    return newest
+    if since is None:
+        newest = list(rows.order_by("-at")[:limit])
+        newest.reverse()
+        return newest
+    next_millisecond = since.replace(microsecond=since.microsecond // 1000 * 1000) + timedelta(milliseconds=1)
+    return list(rows.filter(at__gte=next_millisecond).order_by("at")[:limit])
 
 
 def idle_job_ids(job_ids: Iterable[int]) -> dict[int, datetime | None]:

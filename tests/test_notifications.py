@@ -864,3 +864,31 @@ def test_a_delivery_held_behind_a_receiver_that_stays_down_ends_when_its_own_tri
     assert given_up.exists() and all("gave up" in result for result in given_up.values_list("result", flat=True))
     # Most were given up untried: far fewer requests than a delivery's two tries each.
     assert len(down.requests) < 10 * 2
+
+
+def test_two_deliveries_the_receiver_failed_are_both_tried_again_the_older_first(drain, alice, receiver, settings):
+    """Both had their first try at once (two agents) and the receiver
+    answered 503. Each, when due, found the other waiting with a later time
+    and was held behind it: they held each other until both were given up,
+    untried, though the receiver answered again a second later. Only an
+    older failed delivery holds a newer one."""
+    settings.WEBHOOK_RETRY_SECONDS = [1.0, 1.0, 1.0]
+    hook = receiver()
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    payload = notifications._payload({"job_id": 1, "job_name": f"j{uuid.uuid4().hex[:6]}", "state": "RUNNING",
+                                      "previous": "WAITING", "reason": "", "time": "2026-05-04T10:11:12.345Z"},
+                                     alice.username)
+    now = timezone.now()
+    ids = [NotificationDelivery.objects.create(
+        user=alice, channel="webhook", payload=payload, target=hook.url, status=Status.RETRYING, tries=1,
+        next_try_at=now + timedelta(seconds=0.3 + 0.1 * number), result="HTTP 503").pk for number in range(2)]
+    deadline = time.monotonic() + notifications.held_delivery_budget().total_seconds() + 5
+    while NotificationDelivery.objects.filter(pk__in=ids, status=Status.RETRYING).exists():
+        assert time.monotonic() < deadline, list(NotificationDelivery.objects.filter(pk__in=ids).values("status", "result"))
+        for delivery_id in NotificationDelivery.objects.filter(
+                pk__in=ids, status=Status.RETRYING, next_try_at__lte=timezone.now()).values_list("id", flat=True):
+            notifications.delivery_try(delivery_id)  # what the agents do for each due delivery
+        time.sleep(0.05)
+    assert list(NotificationDelivery.objects.filter(pk__in=ids).order_by("pk").values_list("status", flat=True)) == [
+        Status.DELIVERED, Status.DELIVERED]
+    assert len(hook.requests) == 2

@@ -326,9 +326,11 @@ def held_delivery_budget() -> timedelta:
 
 
 def _hold_behind_failure(delivery_id: int) -> str | None:
-    """RETRYING if the delivery now waits behind a failed one to the same
-    receiver (FAILED if it has waited longer than held_delivery_budget()),
-    None if it was not waiting for a try, else _NOT_HELD."""
+    """RETRYING if the delivery now waits behind an older failed one to the
+    same receiver (FAILED if it has waited longer than held_delivery_budget()),
+    None if it was not waiting for a try, else _NOT_HELD. Only older ones
+    hold it: two that failed at once, each held behind the other, were
+    never tried again."""
     waiting = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
     delivery = waiting.filter(channel=Channel.WEBHOOK).values("user_id", "created_at").first()
     url = delivery and NotificationSettings.objects.filter(user_id=delivery["user_id"]).values_list(
@@ -337,7 +339,7 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
         return _NOT_HELD
     now = timezone.now()
     same_receiver = NotificationDelivery.objects.filter(
-        user_id=delivery["user_id"], channel=Channel.WEBHOOK, target=url).exclude(pk=delivery_id)
+        user_id=delivery["user_id"], channel=Channel.WEBHOOK, target=url, pk__lt=delivery_id)
     try_length = _try_length()
     failed = (same_receiver.filter(status=Status.RETRYING, tries__gte=1, next_try_at__gt=now)
               .order_by("next_try_at").values("id", "next_try_at", "result").first())

@@ -153,18 +153,18 @@ def _check_layout(backend: Backend, folder: str, targets: list[str]) -> None:
         if path in seen:
             raise StorageError(f"{path} is named twice in this upload")
         seen.add(path)
-    folders: dict[str, bool] = {}  # each folder above a target: whether a file stands there
+    folders: dict[str, bool] = {}  # each folder above a target: whether a file stands there (one stat each)
     for path in targets:
         above = paths.parent(path)
-        while above != folder and above != paths.ROOT and above not in folders:
-            if above in seen:
-                raise StorageError(f"{above} is both a file and a folder in this upload")
-            entry = backend.stat(above)
-            folders[above] = entry is not None and not entry.is_dir
+        while above != folder and above != paths.ROOT:
+            if above not in folders:
+                if above in seen:
+                    raise StorageError(f"{above} is both a file and a folder in this upload")
+                entry = backend.stat(above)
+                folders[above] = entry is not None and not entry.is_dir
+            if folders[above]:
+                raise StorageError(f"{above} is a file, so {path} cannot go under it")
             above = paths.parent(above)
-        blocked = [name for name, is_file in folders.items() if is_file and path.startswith(name + "/")]
-        if blocked:
-            raise StorageError(f"{blocked[0]} is a file, so {path} cannot go under it")
 
 
 def _check_quota(existing: dict[str, Entry | None],

@@ -93,6 +93,11 @@ class RoleRequest:
         gpu = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}" + (f" of type {gpu_type}" if gpu_type and self.gpus else "")
         return f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}, {self.memory_mb} MB memory, {gpu}"
 
+    @property
+    def fixed_ports(self) -> frozenset[int]:
+        """Every port one task of this role asks for exactly."""
+        return frozenset(port for p in self.ports for port in p.fixed)
+
 
 @dataclass
 class JobRequest:
@@ -302,7 +307,7 @@ def _pick_ports(node: NodeState, requests: tuple[PortSpec, ...],
     chosen: dict[str, list[int]] = {}
     for request in sorted(requests, key=lambda request: not request.begin_at):
         if request.begin_at:
-            fixed = range(request.begin_at, request.begin_at + request.port_number)
+            fixed = request.fixed
             if not node.may_fix(fixed) or any(port in taken for port in fixed):
                 return None
             wanted = list(fixed)
@@ -374,8 +379,7 @@ def _orders(roles: tuple[RoleRequest, ...]) -> list[list[RoleRequest]]:
 
 
 def _fixed_ports(job: JobRequest) -> frozenset[int]:
-    return frozenset(port for role in job.roles for p in role.ports if p.begin_at
-                     for port in range(p.begin_at, p.begin_at + p.port_number))
+    return frozenset().union(*(role.fixed_ports for role in job.roles))
 
 
 def place_job(job: JobRequest, nodes: list[NodeState], quota: Quota) -> list[Placement] | None:
@@ -453,7 +457,7 @@ def _explain_wait(job: JobRequest, index: _NodeIndex, quota: Quota) -> str:
     fixed = [p for p in role.ports if p.begin_at]
     port_words = ""
     if fixed:
-        port_words = "; fixed ports " + ", ".join(f"{p.begin_at}-{p.begin_at + p.port_number - 1}" if p.port_number > 1 else str(p.begin_at) for p in fixed)
+        port_words = "; fixed ports " + ", ".join(f"{p.fixed[0]}-{p.fixed[-1]}" if p.port_number > 1 else str(p.begin_at) for p in fixed)
     return (
         f"needs {count} of role {role.name} with {role.describe(job.gpu_type)} each{port_words}; "
         f"{_best_node_words(index, role, job.gpu_type)}; {_quota_words(quota, job.vc, role, job.gpu_type)}"
@@ -472,7 +476,7 @@ def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | N
             gpu_ok = role.gpus == 0 or any(sum(1 for t in node.gpus.values() if t == kind) >= role.gpus for kind in types)
             auto_ports = sum(p.port_number for p in role.ports if not p.begin_at)
             ports_ok = auto_ports <= node.port_end - node.port_start + 1 and all(
-                node.may_fix(range(p.begin_at, p.begin_at + p.port_number)) for p in role.ports if p.begin_at)
+                node.may_fix(p.fixed) for p in role.ports if p.begin_at)
             if node.cpus >= role.cpus and node.memory_mb >= role.memory_mb and gpu_ok and ports_ok:
                 fits_somewhere = True
                 break
@@ -503,7 +507,7 @@ def _ports_never_fit(job: JobRequest, nodes: list[NodeState]) -> str | None:
     addresses (ports belong to an address) can never be given to them all."""
     asking: dict[int, int] = defaultdict(int)
     for role in job.roles:
-        for port in {port for p in role.ports if p.begin_at for port in range(p.begin_at, p.begin_at + p.port_number)}:
+        for port in role.fixed_ports:
             asking[port] += role.task_number
     addresses = len({node.address for node in nodes})
     for port, tasks in sorted(asking.items()):

@@ -51,7 +51,7 @@ def _fixed_port_problems(spec: JobSpec) -> list[SpecProblem]:
     allowed = set(settings.FIXED_PORTS_ALLOWED)
     problems = []
     for role_index, port_index, port in fixed:
-        wanted = range(port.begin_at, port.begin_at + port.port_number)
+        wanted = port.fixed
         inside_a_node = any(start <= wanted[0] and wanted[-1] <= end for start, end in ranges)
         if inside_a_node or set(wanted) <= allowed:
             continue

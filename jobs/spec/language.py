@@ -95,6 +95,11 @@ class PortSpec:
     # Fields of the entry this portal does not use, kept in the stored config.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
+    @property
+    def fixed(self) -> range:
+        """The ports asked for exactly; empty for beginAt 0 (any free ports)."""
+        return range(self.begin_at, self.begin_at + self.port_number) if self.begin_at else range(0)
+
 
 @dataclass(frozen=True)
 class TaskRoleSpec:

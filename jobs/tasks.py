@@ -25,7 +25,10 @@ def stop_task(attempt_id: int) -> None:
 
 
 def notify_job_state(event: dict) -> None:
-    agent.send_notification(notifications.job_state_notify, event, owner=event.get("owner_id"))
+    # Stored before the hand-over: a delivery still waiting on the agent's
+    # threads when it stops is then in the database for the repair sweep.
+    for delivery_id in notifications.job_state_record(event):
+        agent.send_notification(notifications.delivery_try, delivery_id, owner=event.get("owner_id"))
 
 
 def deliver_notification(delivery_id: int) -> None:

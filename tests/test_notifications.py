@@ -287,6 +287,33 @@ def test_a_node_agents_worker_hands_deliveries_over_and_never_waits_on_a_receive
     sender.stop()
 
 
+def test_an_event_waiting_on_a_stopping_agents_threads_is_already_stored_for_the_repair_sweep(drain, alice,
+                                                                                             monkeypatch):
+    # The agent's threads are busy with another delivery of Alice's when her
+    # job's event is handed over, and the agent stops before it is tried: its
+    # delivery row must already be stored, PENDING, for the repair sweep.
+    from types import SimpleNamespace
+
+    from jobs.node import agent
+    from jobs.node.notifier import NotificationSender
+
+    sender = NotificationSender(threads=1)
+    monkeypatch.setattr(agent, "_current", SimpleNamespace(notifier=sender))
+    notifications.webhook_set(user=alice, url="http://127.0.0.1:9/", secret=SECRET)
+    busy, release = threading.Event(), threading.Event()
+    sender.submit(lambda: (busy.set(), release.wait(30)), owner=alice.pk)
+    assert busy.wait(30)
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()  # the worker hands the event over; it waits behind the busy thread
+    sender.stop()
+    release.set()
+    sender.stop(wait=True)
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert (delivery.status, delivery.tries, delivery.payload["state"]) == (Status.PENDING, 0, "STOPPED")
+    later = timezone.now() + timedelta(seconds=notifications.REPAIR_GRACE_SECONDS + 1)
+    assert delivery.pk in notifications.deliveries_repair(now=later, force=True)
+
+
 def test_the_sender_takes_a_waiting_delivery_once_and_drops_what_waits_when_stopped():
     from jobs.node.notifier import NotificationSender
 

@@ -28,7 +28,7 @@ def ours(found: list[int], user) -> list[int]:
 def one_delivery(alice, hook) -> NotificationDelivery:
     """A webhook delivery of a STOPPED event, stored but not yet tried."""
     notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
-    # What a worker stores before its first try (job_state_notify), without the try.
+    # What a worker stores before its first try (job_state_record), without the try.
     event = {"job_id": 0, "owner_id": alice.pk, "job_name": "x", "state": "STOPPED", "previous": "WAITING",
              "reason": "", "time": "2026-05-04T10:11:12.000Z"}
     return NotificationDelivery.objects.create(user=alice, channel=NotificationDelivery.Channel.WEBHOOK,

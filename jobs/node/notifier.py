@@ -10,8 +10,8 @@ Each user's deliveries take one thread at a time, in the order they came:
 a user whose receiver never answers slows only their own notifications,
 never the other users' on the other threads.
 
-A delivery handed over but not yet tried stays PENDING or RETRYING in the
-database, and one cut off by the agent's end stays SENDING: the repair
+A delivery is stored before it is handed over (jobs/tasks.py), and one
+handed over but not yet tried stays PENDING or RETRYING in the database, and one cut off by the agent's end stays SENDING: the repair
 sweep (jobs/services/notifications.py) puts both back on the queue.
 """
 

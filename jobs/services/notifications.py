@@ -9,8 +9,11 @@ Three parts, in the order an event meets them:
   anything and, if so, enqueues the event after commit: a slow or dead
   receiver never holds up a state change, and a rolled-back change tells
   no one.
-- `job_state_notify` runs in a node agent's worker (jobs/tasks.py, the
-  notify queue): it records one delivery row per channel and tries each.
+- `job_state_record` runs in a node agent's worker (jobs/tasks.py, the
+  notify queue): it records one delivery row per channel, before the
+  worker hands each to the agent's notification threads for its first
+  try, so one still waiting there when the agent stops is found by the
+  repair sweep.
 - `delivery_try` makes one try; a failure worth repeating is tried again
   after the next wait of WEBHOOK_RETRY_SECONDS (queues.schedule_delivery_retry,
   moved back onto the queue by the agents' heartbeats).
@@ -204,9 +207,9 @@ def _payload(event: dict[str, Any], username: str) -> dict[str, Any]:
     }
 
 
-def job_state_notify(event: dict[str, Any]) -> list[int]:
-    """Record a delivery per channel the owner wants for this event and try
-    each once; returns the deliveries' ids."""
+def job_state_record(event: dict[str, Any]) -> list[int]:
+    """Record a delivery (PENDING) per channel the owner wants for this
+    event; returns their ids, oldest first, for `delivery_try`."""
     owner = User.objects.filter(pk=event["owner_id"]).first()
     if owner is None:
         return []
@@ -225,8 +228,6 @@ def job_state_notify(event: dict[str, Any]) -> list[int]:
         return []
     ids = [delivery.pk for delivery in NotificationDelivery.objects.bulk_create(made)]
     _prune(owner)
-    for delivery_id in ids:
-        delivery_try(delivery_id)
     return ids
 
 

@@ -342,6 +342,34 @@ def test_it_checks_code_dir_and_auth_file_exist_at_submission(alice) -> None:
     services.job_stop(job=job, by=alice)
 
 
+def test_the_node_checks_the_owners_access_again_when_it_reads_or_writes_for_a_job(alice, bob, tmp_path) -> None:
+    # An admin's job may name any user's folders; should its owner lose the
+    # admin right before a task starts, the node refuses what they may no
+    # longer touch (the node acts as the owner as they are at launch).
+    theirs = f"/{bob.username}"
+    storage.backend().mkdir(f"{theirs}/code")
+    storage.backend().write(f"{theirs}/code/run.sh", io.BytesIO(b"echo hi"))
+    storage.backend().write(f"{theirs}/auth.txt", io.BytesIO(b"registry.local\nbob\nhunter2-pw\n"))
+    admin = storage.reader_for(user_name=alice.username, is_admin=True)
+    was_admin = storage.reader_for(user_name=alice.username, is_admin=False)
+    code, auth, out = f"file://{theirs}/code", f"file://{theirs}/auth.txt", f"file://{theirs}/out"
+    assert storage.stage_tree(code, tmp_path / "a", max_bytes=MB, reader=admin) == 7
+    refused = {
+        "codeDir": lambda: storage.stage_tree(code, tmp_path / "b", max_bytes=MB, reader=was_admin),
+        "dataDir": lambda: storage.stage_data(code, tmp_path / "c", max_bytes=MB, reader=was_admin),
+        "authFile": lambda: storage.read_small_file(auth, max_bytes=100, reader=was_admin),
+        "outputDir": lambda: storage.ensure_output_dir(uri=out, reader=was_admin),
+    }
+    for field, act in refused.items():
+        with pytest.raises(storage.StorageAccessDenied, match=f"you may (not read|not write to) {theirs}/"):
+            act()
+    source = write_tree(tmp_path / "output", {"result.txt": b"42"})
+    with pytest.raises(storage.StorageAccessDenied, match=f"you may not write to {theirs}/out"):
+        storage.upload_tree(source, out, reader=was_admin)
+    assert storage.backend().stat(f"{theirs}/out") is None
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
 # ------------------------------------------------------------------- WebHDFS
 
 def test_it_speaks_webhdfs_as_apache_documents_it(hdfs_server) -> None:

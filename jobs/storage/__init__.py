@@ -170,8 +170,10 @@ def _check_output_folder(path: str, *, store: Backend) -> None:
 def ensure_output_dir(*, uri: str, reader: Reader) -> None:
     """Make outputDir when missing, as `reader` (the job's owner), before a
     task of the job starts: its code may write there (PAI_OUTPUT_DIR).
-    Submission checked access and that nothing stands in the way."""
+    Submission checked that nothing stands in the way; access is checked
+    again (`_acting_as`)."""
     path = locate(uri, user_name=reader.name)
+    _acting_as(reader, path, write=True)
     ensure_home(reader, path)
     store = backend_for(reader)
     entry = store.stat(path)
@@ -183,12 +185,23 @@ def ensure_output_dir(*, uri: str, reader: Reader) -> None:
 
 # ------------------------------------------------------------------- the node
 
+def _acting_as(reader: Reader | None, path: str, *, write: bool = False) -> None:
+    """Check the portal's access rules for the job's owner (`reader`, None:
+    the portal itself) again as the node reads or writes for a job:
+    submission checked them, but an admin who submitted may have lost the
+    right since (HDFS checks its own permissions too; local disk none)."""
+    if reader is not None:
+        (check_write if write else check_read)(reader, path)
+
+
 def stage_tree(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = None,
                reader: Reader | None = None) -> int:
     """Copy the folder at `uri` into the local folder `dest` (the node's code
     cache). With local storage the node reads STORAGE_LOCAL_ROOT directly:
     portal and nodes share one machine."""
-    return backend_for(reader).download_tree(locate(uri, user_name=user_name), dest, max_bytes=max_bytes)
+    path = locate(uri, user_name=user_name)
+    _acting_as(reader, path)
+    return backend_for(reader).download_tree(path, dest, max_bytes=max_bytes)
 
 
 def stage_data(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = None,
@@ -198,6 +211,7 @@ def stage_data(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = 
     not copied: (its size, False). StorageNotFound when it is missing."""
     store = backend_for(reader)
     path = locate(uri, user_name=user_name)
+    _acting_as(reader, path)
     entry = store.require(path)
     size = store.usage(path)[0] if entry.is_dir else entry.size  # one request on HDFS (content summary)
     if size > max_bytes:
@@ -220,6 +234,7 @@ def upload_tree(src: Path, uri: str, *, user_name: str | None = None, reader: Re
     than a storage path may be, which a task's output can be: every target
     is checked (paths.join) before anything is copied."""
     path = locate(uri, user_name=user_name)
+    _acting_as(reader, path, write=True)
     owner = quota.owner_of(path)
     entries = [f for f in src.rglob("*") if not f.is_symlink()]
     for entry in entries:
@@ -241,7 +256,9 @@ def room_at(uri: str, *, user_name: str | None = None) -> tuple[int, int] | None
 
 
 def read_small_file(uri: str, *, max_bytes: int, user_name: str | None = None, reader: Reader | None = None) -> bytes:
-    return _read_limited(locate(uri, user_name=user_name), max_bytes=max_bytes, store=backend_for(reader))
+    path = locate(uri, user_name=user_name)
+    _acting_as(reader, path)
+    return _read_limited(path, max_bytes=max_bytes, store=backend_for(reader))
 
 
 def _read_limited(path: str, *, max_bytes: int, store: Backend) -> bytes:

@@ -56,6 +56,10 @@ def _job_attempt_of(text: str) -> tuple[int, int] | None:
     return (int(job_id), int(number)) if job_id.isdigit() and number.isdigit() else None
 
 
+def _never_started(container: launcher.ContainerState) -> bool:
+    return not container.running and container.started_at is None and container.finished_at is None
+
+
 def current() -> NodeAgent:
     """The agent of this process; RQ tasks for a node run only inside one."""
     if _current is None:
@@ -308,6 +312,7 @@ class NodeAgent:
         by_attempt = {int(c.labels[launcher.LABEL_TASK_ATTEMPT]): c for c in containers
                       if c.labels.get(launcher.LABEL_TASK_ATTEMPT, "").isdigit()}
         attempts = {a.pk: a for a in TaskAttempt.objects.filter(pk__in=by_attempt)}
+        seen = set(by_attempt)
         for attempt_id, container in by_attempt.items():
             attempt = attempts.get(attempt_id)
             orphan = attempt is None or (attempt.state in FINAL_TASK_STATES and not attempt.kept_for_debug)
@@ -327,12 +332,19 @@ class NodeAgent:
                 continue
             if attempt.state in FINAL_TASK_STATES:
                 continue  # kept for debugging
+            if _never_started(container):
+                # An agent died between its create and its start: a created
+                # container says exit code 0 though its command never ran.
+                # Removed and left unseen, so the launch is made again.
+                self.engine.remove(container.id)
+                seen.discard(attempt_id)
+                continue
             if attempt.state == TaskState.ASSIGNED:
                 services.attempt_claim_launch(attempt_id)
             if attempt.state in (TaskState.ASSIGNED, TaskState.LAUNCHING):
                 services.attempt_mark_running(attempt_id, container_id=container.id, started_at=container.started_at)
             self.watchers.watch(attempt_id, container.id)
-        return set(by_attempt)
+        return seen
 
     def _relaunch_missing(self, seen: set[int], *, fresh_start: bool) -> None:
         """Active tasks of this node with no container: launch requests lost

@@ -1,0 +1,118 @@
+"""From the review of the node agent and its protocol with the portal: a
+node agent restarted mid-launch, a node lost while its tasks were being
+given up, a join token revoked while it is being used.
+
+No Docker engine: the agent is given an engine of the test's own at our
+interface (jobs.node.launcher.Engine), holding the containers a crashed
+agent left behind; the database and Redis are the real ones.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import queues, services
+from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, TaskAttempt, TaskState
+from jobs.node import launcher
+from jobs.node.agent import NodeAgent
+from jobs.node.context import NodeContext
+from jobs.node.runner import Runner
+from jobs.services.lifecycle import ContainerExit
+from tests.helpers import config, role, submit
+
+
+@pytest.fixture
+def node(make_user, own_instance) -> Iterator[Node]:
+    """A node of the test's own (GPUs of a type no other node has), served
+    by no agent process: the test plays its agent."""
+    gpu_type = f"NR{uuid.uuid4().hex[:8].upper()}"
+    node = Node.objects.create(
+        name=f"t-review-{gpu_type.lower()}", address="127.0.0.2", docker_host="unix:///nonexistent",
+        cpus=16, memory_mb=16000, gpus=[{"index": i, "type": gpu_type} for i in range(4)], gpus_simulated=True,
+        port_start=40100, port_end=40199, last_heartbeat=timezone.now() + timedelta(hours=1), agent_pid=os.getpid(),
+    )
+    yield node
+    Node.objects.filter(pk=node.pk).update(schedulable=False, last_heartbeat=timezone.now())
+    for attempt_id in TaskAttempt.objects.filter(node=node, state__in=ACTIVE_TASK_STATES).values_list("pk", flat=True):
+        services.attempt_record_exit(attempt_id, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="test ended"))
+
+
+def placed_attempt(user, node: Node) -> TaskAttempt:
+    job = submit(user, config(f"nr-{uuid.uuid4().hex[:8]}", {**role(), "gpuNumber": 1}, gpuType=node.gpus[0]["type"]))
+    services.schedule_pass()
+    attempt = TaskAttempt.objects.get(job=job)
+    assert attempt.node_id == node.pk, job.waiting_reason
+    return attempt
+
+
+class _LeftBehind:
+    """An engine holding what a crashed agent left: containers and nothing else."""
+
+    def __init__(self, containers: list[launcher.ContainerState]) -> None:
+        self.held = {c.id: c for c in containers}
+        self.removed: list[str] = []
+
+    def containers(self, labels: dict[str, str]) -> list[launcher.ContainerState]:
+        return list(self.held.values())
+
+    def remove(self, container_id: str) -> None:
+        self.removed.append(container_id)
+        self.held.pop(container_id, None)
+
+    def networks(self, labels: dict[str, str]) -> list[tuple[str, dict[str, str], int]]:
+        return []
+
+
+def restarted_agent(node: Node, engine: _LeftBehind) -> NodeAgent:
+    """An agent as it is once registered, before it serves: what its first
+    reconciliation sees."""
+    info = services.NodeInfo(name=node.name, address=node.address, docker_host=node.docker_host, engine_id="",
+                             cpus=node.cpus, memory_mb=node.memory_mb)
+    agent = NodeAgent(info, engine, 16)  # type: ignore[arg-type]
+    agent.context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=agent.writer,  # type: ignore[arg-type]
+                                watchers=agent.watchers, follower=agent.follower)
+    agent.runner = Runner(agent.context)
+    return agent
+
+
+def container_of(attempt: TaskAttempt, node: Node, *, started: bool) -> launcher.ContainerState:
+    return launcher.ContainerState(
+        id=f"c-{attempt.pk}", running=False, exit_code=0, oom_killed=False, error="",
+        started_at=timezone.now() if started else None, finished_at=timezone.now() if started else None,
+        labels={launcher.LABEL_NODE: node.name, launcher.LABEL_TASK_ATTEMPT: str(attempt.pk)},
+    )
+
+
+# ------------------------------------------- an agent restarted mid-launch
+
+def test_it_launches_again_a_task_whose_container_was_created_but_never_started(alice, node):
+    # The agent died between the container's create and its start: Docker
+    # keeps a "created" container, exit code 0, never run. Adopted as it
+    # was, the task was recorded RUNNING and then SUCCEEDED at once.
+    attempt = placed_attempt(alice, node)
+    assert services.attempt_claim_launch(attempt.pk)
+    engine = _LeftBehind([container_of(attempt, node, started=False)])
+
+    restarted_agent(node, engine).reconcile(fresh_start=True)
+
+    attempt.refresh_from_db()
+    assert attempt.state == TaskState.ASSIGNED, (attempt.state, attempt.exit_reason)
+    assert engine.removed == [f"c-{attempt.pk}"]
+    assert queues.connection().exists(queues._launch_marker(attempt.pk))
+
+
+def test_it_records_the_exit_of_a_task_whose_container_ran_while_its_agent_was_away(alice, node):
+    attempt = placed_attempt(alice, node)
+    assert services.attempt_claim_launch(attempt.pk)
+    engine = _LeftBehind([container_of(attempt, node, started=True)])
+
+    restarted_agent(node, engine).reconcile(fresh_start=True)
+
+    attempt.refresh_from_db()
+    assert attempt.state == TaskState.RUNNING and attempt.container_id == f"c-{attempt.pk}"

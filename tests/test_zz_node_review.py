@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from jobs import queues, services
@@ -23,6 +25,7 @@ from jobs.node import launcher
 from jobs.node.agent import NodeAgent
 from jobs.node.context import NodeContext
 from jobs.node.runner import Runner
+from jobs.services import nodes
 from jobs.services.lifecycle import ContainerExit
 from tests.helpers import config, role, submit
 
@@ -116,3 +119,37 @@ def test_it_records_the_exit_of_a_task_whose_container_ran_while_its_agent_was_a
 
     attempt.refresh_from_db()
     assert attempt.state == TaskState.RUNNING and attempt.container_id == f"c-{attempt.pk}"
+
+
+# --------------------------------------- a node lost, its check cut short
+
+def test_it_fails_the_tasks_of_a_lost_node_left_running_by_a_check_cut_short(alice, node, monkeypatch):
+    # The check that declares a node lost fails its tasks one by one after
+    # the claim: one that stopped half-way (the database went away, the
+    # agent was killed) left the rest RUNNING for good, as the node, LOST
+    # now, was never looked at again.
+    first, second = placed_attempt(alice, node), placed_attempt(alice, node)
+    for attempt in (first, second):
+        assert services.attempt_claim_launch(attempt.pk)
+        assert services.attempt_mark_running(attempt.pk, container_id=f"c-{attempt.pk}")
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=now - timedelta(hours=1))
+    watch = nodes._Watch()  # this process watched, without a gap, for longer than the window
+    for seconds in range(int(settings.NODE_LOST_AFTER_SECONDS) * 2 + 2, 0, -1):
+        watch.since(now - timedelta(seconds=seconds))
+    monkeypatch.setattr(nodes, "_watch", watch)
+
+    def database_goes_away(execute, sql, params, many, context):
+        if sql.startswith("UPDATE") and "jobs_taskattempt" in sql:
+            raise OperationalError("the database went away")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(database_goes_away), pytest.raises(OperationalError):
+        nodes.nodes_mark_lost(now)
+    assert Node.objects.get(pk=node.pk).status == Node.Status.LOST
+
+    nodes.nodes_mark_lost(now + timedelta(seconds=1))  # the next heartbeat's look
+
+    for attempt in (first, second):
+        attempt.refresh_from_db()
+        assert (attempt.state, attempt.exit_type) == (TaskState.FAILED, ExitType.NODE_LOST), attempt.exit_reason

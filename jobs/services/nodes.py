@@ -178,17 +178,25 @@ def nodes_mark_lost(now: datetime | None = None) -> list[str]:
         claimed = Node.objects.filter(pk=node.pk, last_heartbeat=node.last_heartbeat, status=node.status).update(
             status=Node.Status.LOST
         )
-        if claimed != 1:
-            continue
-        lost.append(node.name)
-        since = node.last_heartbeat.isoformat(timespec="seconds") if node.last_heartbeat else "never"
-        active = TaskAttempt.objects.filter(node=node, state__in=ACTIVE_TASK_STATES).values_list("pk", flat=True)
-        for attempt_id in list(active):
-            attempt_record_exit(attempt_id, ContainerExit(
-                exit_code=None, exit_type=ExitType.NODE_LOST,
-                error=f"node {node.name} was lost (no heartbeat since {since})",
-            ))
+        if claimed == 1:
+            lost.append(node.name)
+    _fail_tasks_of_lost_nodes(cutoff)
     return lost
+
+
+def _fail_tasks_of_lost_nodes(cutoff: datetime) -> None:
+    """The active tasks of every lost node still silent end as failed. Looked
+    for on each check, not only by the one that declares a node lost: one
+    cut short after its claim (the database went away, the agent was
+    killed) left the rest running for good, as a lost node is not declared
+    lost again. A lost node beating again keeps its tasks (node_heartbeat)."""
+    silent = Q(node__last_heartbeat__lt=cutoff) | Q(node__last_heartbeat__isnull=True)
+    active = TaskAttempt.objects.filter(silent, node__status=Node.Status.LOST, state__in=ACTIVE_TASK_STATES)
+    for attempt_id, name, last_heartbeat in list(active.values_list("pk", "node__name", "node__last_heartbeat")):
+        since = last_heartbeat.isoformat(timespec="seconds") if last_heartbeat else "never"
+        attempt_record_exit(attempt_id, ContainerExit(
+            exit_code=None, exit_type=ExitType.NODE_LOST, error=f"node {name} was lost (no heartbeat since {since})",
+        ))
 
 
 # ------------------------------------------------------------ engine identity

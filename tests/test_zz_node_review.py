@@ -20,12 +20,12 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 
 from jobs import queues, services
-from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, TaskAttempt, TaskState
+from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, NodeJoinToken, TaskAttempt, TaskState
 from jobs.node import launcher
 from jobs.node.agent import NodeAgent
 from jobs.node.context import NodeContext
 from jobs.node.runner import Runner
-from jobs.services import nodes
+from jobs.services import join_tokens, nodes
 from jobs.services.lifecycle import ContainerExit
 from tests.helpers import config, role, submit
 
@@ -153,3 +153,22 @@ def test_it_fails_the_tasks_of_a_lost_node_left_running_by_a_check_cut_short(ali
     for attempt in (first, second):
         attempt.refresh_from_db()
         assert (attempt.state, attempt.exit_type) == (TaskState.FAILED, ExitType.NODE_LOST), attempt.exit_reason
+
+
+# ---------------------------------------- a join token revoked while used
+
+def test_it_refuses_a_join_token_revoked_between_its_check_and_its_use(admin_user):
+    made = join_tokens.join_token_create(by=admin_user, seconds=600)
+    revoked = []
+
+    def admin_revokes_meanwhile(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith("SELECT") and "jobs_nodejointoken" in sql and not revoked:
+            revoked.append(join_tokens.join_token_revoke(token=made.token))  # as an admin's page, at that moment
+        return result
+
+    with connection.execute_wrapper(admin_revokes_meanwhile), pytest.raises(join_tokens.JoinTokenError) as refused:
+        join_tokens.join_token_use(made.key, client="192.0.2.7")
+    assert revoked == [True]
+    assert refused.value.reason == "revoked"
+    assert NodeJoinToken.objects.get(pk=made.token.pk).uses == 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import F, Q
 from django.utils import timezone
@@ -107,12 +107,24 @@ def join_token_use(key: str, *, client: str) -> NodeJoinToken:
                                         "by another portal? Ask an admin for a token (Nodes page, or "
                                         "`manage.py node_token`).")
     now = timezone.now()
-    if token.revoked_at is not None:
-        raise JoinTokenError("revoked", f"the join token {token.prefix}… was revoked at "
-                                        f"{token.revoked_at.isoformat(timespec='seconds')}; ask an admin for a new one.")
-    if token.expires_at <= now:
-        raise JoinTokenError("expired", f"the join token {token.prefix}… expired at "
-                                        f"{token.expires_at.isoformat(timespec='seconds')}; ask an admin for a new one.")
-    NodeJoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used_at=now, last_used_from=client[:255])
+    refused = _refusal(token, now)
+    if refused is not None:
+        raise refused
+    # Counted only while still valid: a token revoked since the read above
+    # (an admin's page at that moment) hands out no settings.
+    counted = NodeJoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True, expires_at__gt=now).update(
+        uses=F("uses") + 1, last_used_at=now, last_used_from=client[:255])
     token.refresh_from_db()
+    if not counted:
+        raise _refusal(token, now) or JoinTokenError("revoked", f"the join token {token.prefix}… was revoked.")
     return token
+
+
+def _refusal(token: NodeJoinToken, now: datetime) -> JoinTokenError | None:
+    if token.revoked_at is not None:
+        return JoinTokenError("revoked", f"the join token {token.prefix}… was revoked at "
+                                         f"{token.revoked_at.isoformat(timespec='seconds')}; ask an admin for a new one.")
+    if token.expires_at <= now:
+        return JoinTokenError("expired", f"the join token {token.prefix}… expired at "
+                                         f"{token.expires_at.isoformat(timespec='seconds')}; ask an admin for a new one.")
+    return None

@@ -24,6 +24,7 @@ from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, NodeJoinToken, TaskA
 from jobs.node import launcher
 from jobs.node.agent import NodeAgent
 from jobs.node.context import NodeContext
+from jobs.node.logwriter import LineAssembler
 from jobs.node.runner import Runner
 from jobs.services import join_tokens, nodes
 from jobs.services.lifecycle import ContainerExit
@@ -172,3 +173,29 @@ def test_it_refuses_a_join_token_revoked_between_its_check_and_its_use(admin_use
     assert revoked == [True]
     assert refused.value.reason == "revoked"
     assert NodeJoinToken.objects.get(pk=made.token.pk).uses == 0
+
+
+# ------------------------------------------- a task printing no newline
+
+def test_it_stores_a_line_without_an_end_in_pieces_as_it_comes():
+    # Docker hands a line on in entries of 16 KB; the assembler held them
+    # all until a newline came, so a task printing without one grew its
+    # node agent's memory without bound.
+    assembler = LineAssembler(max_line_chars=256)
+    stored: list[str] = []
+    for number in range(1, 201):
+        stored += assembler.feed(number, b"x" * 100)
+        assert 100 * number - sum(map(len, stored)) < 4 * 256  # what is held stays bounded
+    stored += assembler.finish()
+    assert "".join(stored) == "x" * 20000 and max(map(len, stored)) <= 256
+
+
+def test_it_splits_no_character_of_a_line_stored_in_pieces():
+    assembler = LineAssembler(max_line_chars=256)
+    text = "é€😀" * 1000
+    data = text.encode()
+    stored: list[str] = []
+    for number, start in enumerate(range(0, len(data), 334), start=1):  # entries cut inside characters
+        stored += assembler.feed(number, data[start:start + 334])
+    stored += assembler.feed(len(data), b"\n")
+    assert "".join(stored) == text and max(map(len, stored)) <= 256

@@ -20,12 +20,14 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 
 from jobs import queues, services
-from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, NodeJoinToken, TaskAttempt, TaskState
+from jobs.models import ACTIVE_TASK_STATES, ExitType, Job, Node, NodeJoinToken, TaskAttempt, TaskState
 from jobs.node import launcher
 from jobs.node.agent import NodeAgent
-from jobs.node.context import NodeContext
-from jobs.node.logwriter import LineAssembler
+from jobs.node.context import NodeContext, Watchers
+from jobs.node.follower import LogFollower
+from jobs.node.logwriter import LineAssembler, LogWriter
 from jobs.node.runner import Runner
+from jobs.node.watcher import TaskWatcher
 from jobs.services import join_tokens, nodes
 from jobs.services.lifecycle import ContainerExit
 from tests.helpers import config, role, submit
@@ -199,3 +201,64 @@ def test_it_splits_no_character_of_a_line_stored_in_pieces():
         stored += assembler.feed(number, data[start:start + 334])
     stored += assembler.feed(len(data), b"\n")
     assert "".join(stored) == text and max(map(len, stored)) <= 256
+
+
+# ------------------------------- a node back after its tasks were given up
+
+class _StoppedContainer:
+    """An engine holding one stopped container, whose /pai/output is asked for."""
+
+    def __init__(self) -> None:
+        self.archived: list[str] = []
+        self.removed: list[str] = []
+
+    def archive(self, container_id: str, path: str):
+        self.archived.append(container_id)
+        return None  # nothing in /pai/output
+
+    def remove(self, container_id: str) -> None:
+        self.removed.append(container_id)
+
+    def remove_network(self, name: str) -> bool:
+        return True
+
+
+def test_it_uploads_no_output_of_a_task_given_up_while_its_node_was_cut_off(alice, node):
+    # The node was declared lost and the job ran again elsewhere, writing
+    # outputDir; back, the agent stops the old container, whose /pai/output
+    # was then uploaded over the new attempt's.
+    attempt = placed_attempt(alice, node)
+    Job.objects.filter(pk=attempt.job_id).update(upload_outputs=True)
+    assert services.attempt_claim_launch(attempt.pk)
+    assert services.attempt_mark_running(attempt.pk, container_id="c-old")
+    services.attempt_record_exit(attempt.pk, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="node lost"))
+    engine = _StoppedContainer()
+    context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=LogWriter(),  # type: ignore[arg-type]
+                          watchers=Watchers(lambda *_: None), follower=LogFollower())  # type: ignore[arg-type]
+    stopped = launcher.ContainerState(id="c-old", running=False, exit_code=143, oom_killed=False, error="",
+                                      started_at=timezone.now(), finished_at=timezone.now(), labels={})
+
+    TaskWatcher(context, attempt.pk, "c-old")._record_exit(stopped)
+
+    assert engine.archived == []
+    assert engine.removed == ["c-old"]
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.exit_type) == (TaskState.FAILED, ExitType.NODE_LOST)
+
+
+def test_it_uploads_the_output_of_a_task_that_ended_on_its_own(alice, node):
+    attempt = placed_attempt(alice, node)
+    Job.objects.filter(pk=attempt.job_id).update(upload_outputs=True)
+    assert services.attempt_claim_launch(attempt.pk)
+    assert services.attempt_mark_running(attempt.pk, container_id="c-own")
+    engine = _StoppedContainer()
+    context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=LogWriter(),  # type: ignore[arg-type]
+                          watchers=Watchers(lambda *_: None), follower=LogFollower())  # type: ignore[arg-type]
+    stopped = launcher.ContainerState(id="c-own", running=False, exit_code=0, oom_killed=False, error="",
+                                      started_at=timezone.now(), finished_at=timezone.now(), labels={})
+
+    TaskWatcher(context, attempt.pk, "c-own")._record_exit(stopped)
+
+    assert engine.archived == ["c-own"]
+    attempt.refresh_from_db()
+    assert attempt.state == TaskState.SUCCEEDED

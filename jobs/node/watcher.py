@@ -178,8 +178,13 @@ class TaskWatcher:
         else:
             result = services.ContainerExit(state.exit_code, oom_killed=state.oom_killed, error=state.error,
                                             finished_at=state.finished_at)
-            if attempt.job.upload_outputs:
+            if attempt.job.upload_outputs and attempt.is_active:
                 self._upload_outputs(attempt)
+            elif attempt.job.upload_outputs:
+                # Given up already (its node was lost while cut off): its job
+                # may have run again since, and written outputDir.
+                self.writer.note(self.attempt_id, "/pai/output was not uploaded: the task had been given up "
+                                                  f"({attempt.exit_reason}), and its job may have run again since")
         # Every line and note is stored before the exit is recorded: a page
         # that shows the task ended shows all it printed.
         self.writer.barrier()

@@ -53,17 +53,6 @@ def _clean(payload: bytes) -> str:
     return payload.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
-def _whole_characters(payload: bytes) -> int:
-    """The length of `payload` less a UTF-8 character at its end whose
-    bytes have not all come (Docker cuts long lines anywhere)."""
-    for back in range(1, min(3, len(payload)) + 1):
-        byte = payload[-back]
-        if byte & 0xC0 != 0x80:  # the first byte of the last character
-            needed = 1 if byte < 0xC0 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return len(payload) - back if needed > back else len(payload)
-    return len(payload)
-
-
 class LineAssembler:
     """Complete lines out of one stream's entries, with the cursor after each.
 
@@ -77,7 +66,6 @@ class LineAssembler:
         self._ts = last_ts_ns
         self._count = count_at_ts
         self._partial: list[bytes] = []
-        self._held = 0  # bytes in _partial
         self._max = max_line_chars
         self.cursor = (last_ts_ns, count_at_ts)
 
@@ -96,15 +84,11 @@ class LineAssembler:
             self._ts, self._count = ts_ns, 1
         if not payload.endswith(b"\n"):
             self._partial.append(payload)
-            self._held += len(payload)
-            # A line with no end in sight (a task printing no newline) is
-            # stored in pieces as it comes, not held whole in the agent.
-            return self._pieces() if self._held >= 4 * self._max else []  # 4: the most bytes of a character
+            return []
         if self._partial:
             self._partial.append(payload)
             payload = b"".join(self._partial)
             self._partial.clear()
-            self._held = 0
         return self._complete(payload)
 
     def finish(self) -> list[str]:
@@ -113,20 +97,7 @@ class LineAssembler:
             return []
         payload = b"".join(self._partial)
         self._partial.clear()
-        self._held = 0
         return self._complete(payload)
-
-    def _pieces(self) -> list[str]:
-        """The unended line held so far, as lines of at most max_line_chars,
-        but for a last character whose bytes have not all come. The cursor
-        moves past them: after a restart the line goes on as a new line."""
-        payload = b"".join(self._partial)
-        cut = _whole_characters(payload)
-        self._partial = [payload[cut:]] if cut < len(payload) else []
-        self._held = len(payload) - cut
-        self.cursor = (self._ts, self._count)
-        text = _clean(payload[:cut])
-        return [text[i : i + self._max] for i in range(0, len(text), self._max)]
 
     def _complete(self, payload: bytes) -> list[str]:
         text = _clean(payload)

@@ -2,9 +2,9 @@
 node agent restarted mid-launch, a node lost while its tasks were being
 given up, a join token revoked while it is being used.
 
-No Docker engine: the agent is given an engine of the test's own at our
-interface (jobs.node.launcher.Engine), holding the containers a crashed
-agent left behind; the database and Redis are the real ones.
+The containers a crashed or cut-off agent left behind are made on the
+real Docker engine, as it would have left them; the database and Redis are
+the real ones.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from django.conf import settings
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from jobs import queues, services
+from jobs import queues, services, storage
 from jobs.models import ACTIVE_TASK_STATES, ExitType, Job, Node, NodeJoinToken, TaskAttempt, TaskState
 from jobs.node import launcher
 from jobs.node.agent import NodeAgent
 from jobs.node.context import NodeContext, Watchers
 from jobs.node.follower import LogFollower
-from jobs.node.logwriter import LineAssembler, LogWriter
+from jobs.node.launcher.docker import DockerEngine
+from jobs.node.logwriter import LogWriter
 from jobs.node.runner import Runner
 from jobs.node.watcher import TaskWatcher
 from jobs.services import join_tokens, nodes
@@ -57,71 +58,72 @@ def placed_attempt(user, node: Node) -> TaskAttempt:
     return attempt
 
 
-class _LeftBehind:
-    """An engine holding what a crashed agent left: containers and nothing else."""
-
-    def __init__(self, containers: list[launcher.ContainerState]) -> None:
-        self.held = {c.id: c for c in containers}
-        self.removed: list[str] = []
-
-    def containers(self, labels: dict[str, str]) -> list[launcher.ContainerState]:
-        return list(self.held.values())
-
-    def remove(self, container_id: str) -> None:
-        self.removed.append(container_id)
-        self.held.pop(container_id, None)
-
-    def networks(self, labels: dict[str, str]) -> list[tuple[str, dict[str, str], int]]:
-        return []
+IMAGE = "pai-local/busybox:latest"
 
 
-def restarted_agent(node: Node, engine: _LeftBehind) -> NodeAgent:
+@pytest.fixture
+def engine(docker_engine: str) -> Iterator[DockerEngine]:
+    """The real engine; what a test leaves on it is removed by its labels."""
+    real = DockerEngine(docker_engine)
+    yield real
+    for left in real.containers({launcher.LABEL_INSTANCE: settings.PAI_INSTANCE}):
+        real.remove(left.id)
+
+
+def left_behind(engine: DockerEngine, attempt: TaskAttempt, node: Node, *, command: str | None) -> str:
+    """A task container as a crashed agent left it: created and never
+    started (`command` None), or run to its end."""
+    labels = {launcher.LABEL_INSTANCE: settings.PAI_INSTANCE, launcher.LABEL_NODE: node.name,
+              launcher.LABEL_TASK_ATTEMPT: str(attempt.pk)}
+    made = engine.api.create_container(IMAGE, ["sh", "-c", command or "true"], labels=labels)
+    if command is not None:
+        engine.api.start(made["Id"])
+        assert engine.api.wait(made["Id"], timeout=60)["StatusCode"] == 0
+    return made["Id"]
+
+
+def restarted_agent(node: Node, engine: DockerEngine) -> NodeAgent:
     """An agent as it is once registered, before it serves: what its first
     reconciliation sees."""
     info = services.NodeInfo(name=node.name, address=node.address, docker_host=node.docker_host, engine_id="",
                              cpus=node.cpus, memory_mb=node.memory_mb)
-    agent = NodeAgent(info, engine, 16)  # type: ignore[arg-type]
-    agent.context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=agent.writer,  # type: ignore[arg-type]
+    agent = NodeAgent(info, engine, 16)
+    agent.context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=agent.writer,
                                 watchers=agent.watchers, follower=agent.follower)
     agent.runner = Runner(agent.context)
     return agent
 
 
-def container_of(attempt: TaskAttempt, node: Node, *, started: bool) -> launcher.ContainerState:
-    return launcher.ContainerState(
-        id=f"c-{attempt.pk}", running=False, exit_code=0, oom_killed=False, error="",
-        started_at=timezone.now() if started else None, finished_at=timezone.now() if started else None,
-        labels={launcher.LABEL_NODE: node.name, launcher.LABEL_TASK_ATTEMPT: str(attempt.pk)},
-    )
-
-
 # ------------------------------------------- an agent restarted mid-launch
 
-def test_it_launches_again_a_task_whose_container_was_created_but_never_started(alice, node):
+def test_it_launches_again_a_task_whose_container_was_created_but_never_started(alice, node, engine):
     # The agent died between the container's create and its start: Docker
     # keeps a "created" container, exit code 0, never run. Adopted as it
     # was, the task was recorded RUNNING and then SUCCEEDED at once.
     attempt = placed_attempt(alice, node)
     assert services.attempt_claim_launch(attempt.pk)
-    engine = _LeftBehind([container_of(attempt, node, started=False)])
+    created = left_behind(engine, attempt, node, command=None)
+    assert engine.state(created).exit_code == 0 and engine.state(created).started_at is None
 
     restarted_agent(node, engine).reconcile(fresh_start=True)
 
     attempt.refresh_from_db()
     assert attempt.state == TaskState.ASSIGNED, (attempt.state, attempt.exit_reason)
-    assert engine.removed == [f"c-{attempt.pk}"]
+    assert engine.state(created) is None  # removed
     assert queues.connection().exists(queues._launch_marker(attempt.pk))
 
 
-def test_it_records_the_exit_of_a_task_whose_container_ran_while_its_agent_was_away(alice, node):
+def test_it_adopts_a_task_whose_container_ran_while_its_agent_was_away(alice, node, engine):
     attempt = placed_attempt(alice, node)
     assert services.attempt_claim_launch(attempt.pk)
-    engine = _LeftBehind([container_of(attempt, node, started=True)])
+    ran = left_behind(engine, attempt, node, command="echo done")
 
-    restarted_agent(node, engine).reconcile(fresh_start=True)
+    agent = restarted_agent(node, engine)
+    agent.reconcile(fresh_start=True)
 
     attempt.refresh_from_db()
-    assert attempt.state == TaskState.RUNNING and attempt.container_id == f"c-{attempt.pk}"
+    assert attempt.state == TaskState.RUNNING and attempt.container_id == ran
+    assert agent.watchers.get(attempt.pk) is not None  # its watcher records the exit
 
 
 # --------------------------------------- a node lost, its check cut short
@@ -177,88 +179,50 @@ def test_it_refuses_a_join_token_revoked_between_its_check_and_its_use(admin_use
     assert NodeJoinToken.objects.get(pk=made.token.pk).uses == 0
 
 
-# ------------------------------------------- a task printing no newline
-
-def test_it_stores_a_line_without_an_end_in_pieces_as_it_comes():
-    # Docker hands a line on in entries of 16 KB; the assembler held them
-    # all until a newline came, so a task printing without one grew its
-    # node agent's memory without bound.
-    assembler = LineAssembler(max_line_chars=256)
-    stored: list[str] = []
-    for number in range(1, 201):
-        stored += assembler.feed(number, b"x" * 100)
-        assert 100 * number - sum(map(len, stored)) < 4 * 256  # what is held stays bounded
-    stored += assembler.finish()
-    assert "".join(stored) == "x" * 20000 and max(map(len, stored)) <= 256
-
-
-def test_it_splits_no_character_of_a_line_stored_in_pieces():
-    assembler = LineAssembler(max_line_chars=256)
-    text = "é€😀" * 1000
-    data = text.encode()
-    stored: list[str] = []
-    for number, start in enumerate(range(0, len(data), 334), start=1):  # entries cut inside characters
-        stored += assembler.feed(number, data[start:start + 334])
-    stored += assembler.feed(len(data), b"\n")
-    assert "".join(stored) == text and max(map(len, stored)) <= 256
-
-
 # ------------------------------- a node back after its tasks were given up
 
-class _StoppedContainer:
-    """An engine holding one stopped container, whose /pai/output is asked for."""
-
-    def __init__(self) -> None:
-        self.archived: list[str] = []
-        self.removed: list[str] = []
-
-    def archive(self, container_id: str, path: str):
-        self.archived.append(container_id)
-        return None  # nothing in /pai/output
-
-    def remove(self, container_id: str) -> None:
-        self.removed.append(container_id)
-
-    def remove_network(self, name: str) -> bool:
-        return True
+def stopped_task_container(engine: DockerEngine, attempt: TaskAttempt, node: Node) -> TaskWatcher:
+    """A task's container that wrote /pai/output/result.txt and ended, and
+    the watcher of its node that records the end."""
+    container_id = left_behind(engine, attempt, node, command="mkdir -p /pai/output && echo 42 > /pai/output/result.txt")
+    context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=LogWriter(),
+                          watchers=Watchers(lambda *_: None), follower=LogFollower())  # type: ignore[arg-type]
+    return TaskWatcher(context, attempt.pk, container_id)
 
 
-def test_it_uploads_no_output_of_a_task_given_up_while_its_node_was_cut_off(alice, node):
+def output_of(attempt: TaskAttempt) -> str:
+    return storage.locate(Job.objects.get(pk=attempt.job_id).config["outputDir"]) + "/result.txt"
+
+
+def test_it_uploads_no_output_of_a_task_given_up_while_its_node_was_cut_off(alice, node, engine):
     # The node was declared lost and the job ran again elsewhere, writing
     # outputDir; back, the agent stops the old container, whose /pai/output
     # was then uploaded over the new attempt's.
     attempt = placed_attempt(alice, node)
     Job.objects.filter(pk=attempt.job_id).update(upload_outputs=True)
     assert services.attempt_claim_launch(attempt.pk)
-    assert services.attempt_mark_running(attempt.pk, container_id="c-old")
+    watcher = stopped_task_container(engine, attempt, node)
+    assert services.attempt_mark_running(attempt.pk, container_id=watcher.container_id)
     services.attempt_record_exit(attempt.pk, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="node lost"))
-    engine = _StoppedContainer()
-    context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=LogWriter(),  # type: ignore[arg-type]
-                          watchers=Watchers(lambda *_: None), follower=LogFollower())  # type: ignore[arg-type]
-    stopped = launcher.ContainerState(id="c-old", running=False, exit_code=143, oom_killed=False, error="",
-                                      started_at=timezone.now(), finished_at=timezone.now(), labels={})
 
-    TaskWatcher(context, attempt.pk, "c-old")._record_exit(stopped)
+    watcher._record_exit(engine.state(watcher.container_id))
 
-    assert engine.archived == []
-    assert engine.removed == ["c-old"]
+    assert storage.backend().stat(output_of(attempt)) is None
+    assert engine.state(watcher.container_id) is None  # removed all the same
     attempt.refresh_from_db()
     assert (attempt.state, attempt.exit_type) == (TaskState.FAILED, ExitType.NODE_LOST)
 
 
-def test_it_uploads_the_output_of_a_task_that_ended_on_its_own(alice, node):
+def test_it_uploads_the_output_of_a_task_that_ended_on_its_own(alice, node, engine):
     attempt = placed_attempt(alice, node)
     Job.objects.filter(pk=attempt.job_id).update(upload_outputs=True)
     assert services.attempt_claim_launch(attempt.pk)
-    assert services.attempt_mark_running(attempt.pk, container_id="c-own")
-    engine = _StoppedContainer()
-    context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=LogWriter(),  # type: ignore[arg-type]
-                          watchers=Watchers(lambda *_: None), follower=LogFollower())  # type: ignore[arg-type]
-    stopped = launcher.ContainerState(id="c-own", running=False, exit_code=0, oom_killed=False, error="",
-                                      started_at=timezone.now(), finished_at=timezone.now(), labels={})
+    watcher = stopped_task_container(engine, attempt, node)
+    assert services.attempt_mark_running(attempt.pk, container_id=watcher.container_id)
 
-    TaskWatcher(context, attempt.pk, "c-own")._record_exit(stopped)
+    watcher._record_exit(engine.state(watcher.container_id))
 
-    assert engine.archived == ["c-own"]
+    with storage.backend().open_read(output_of(attempt)) as stream:
+        assert stream.read() == b"42\n"
     attempt.refresh_from_db()
     assert attempt.state == TaskState.SUCCEEDED

@@ -66,6 +66,8 @@ class LineAssembler:
         self._ts = last_ts_ns
         self._count = count_at_ts
         self._partial: list[bytes] = []
+        self._partial_bytes = 0
+        self._stored_early = False  # some of the line in _partial is stored already
         self._max = max_line_chars
         self.cursor = (last_ts_ns, count_at_ts)
 
@@ -84,7 +86,8 @@ class LineAssembler:
             self._ts, self._count = ts_ns, 1
         if not payload.endswith(b"\n"):
             self._partial.append(payload)
-            return []
+            self._partial_bytes += len(payload)
+            return self._store_early() if self._partial_bytes >= self._max else []
         if self._partial:
             self._partial.append(payload)
             payload = b"".join(self._partial)
@@ -99,6 +102,21 @@ class LineAssembler:
         self._partial.clear()
         return self._complete(payload)
 
+    def _store_early(self) -> list[str]:
+        """A line that has no newline yet but is a row long already: its
+        rows now, with the cursor after this entry. A task that never prints
+        a newline (`yes | tr -d '\\n'`, a progress bar redrawn with \\r) would
+        otherwise be held whole in the agent's memory, past every log limit.
+        A character cut in two by the entry's end waits for its other half
+        (lost only if the agent restarts right here)."""
+        data = b"".join(self._partial)
+        end = _whole_utf8_end(data)
+        self._partial = [data[end:]] if end < len(data) else []
+        self._partial_bytes = len(data) - end
+        self._stored_early = True
+        self.cursor = (self._ts, self._count)
+        return self._rows(_clean(data[:end]))
+
     def _complete(self, payload: bytes) -> list[str]:
         text = _clean(payload)
         if text.endswith("\n"):
@@ -106,9 +124,26 @@ class LineAssembler:
         if text.endswith("\r"):
             text = text[:-1]
         self.cursor = (self._ts, self._count)
+        stored_early, self._stored_early, self._partial_bytes = self._stored_early, False, 0
+        if not text and stored_early:
+            return []  # the newline after a line stored early: no empty row of its own
+        return self._rows(text)
+
+    def _rows(self, text: str) -> list[str]:
         if len(text) <= self._max:
             return [text]
         return [text[i : i + self._max] for i in range(0, len(text), self._max)]
+
+
+def _whole_utf8_end(data: bytes) -> int:
+    """Where `data` stops holding whole UTF-8 characters: before a last
+    one that is cut short, else its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: where the last character starts
+            length = 1 if byte < 0xC0 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4 if byte < 0xF8 else 1
+            return len(data) - back if length > back else len(data)
+    return len(data)
 
 
 _Row = tuple[int, int, int, str]  # a LogLine's attempt_id, stream, seq, text

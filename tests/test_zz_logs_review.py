@@ -1,0 +1,50 @@
+"""From review of task logs end to end: what the node makes of a stream's
+entries (no engine: entries are handed to the LineAssembler as Docker sends
+them), and what the pages and API answer.
+"""
+
+from __future__ import annotations
+
+from jobs.node.logwriter import LineAssembler
+
+ENTRY = 16 * 1024  # Docker splits a longer line into entries of this many bytes
+
+
+def _feed_all(assembler: LineAssembler, payloads: list[bytes], *, first_ts: int = 1) -> list[str]:
+    lines: list[str] = []
+    for i, payload in enumerate(payloads):
+        lines.extend(assembler.feed(first_ts + i, payload))
+    return lines
+
+
+def test_a_line_without_a_newline_is_stored_as_it_grows_not_held_whole():
+    # `yes | tr -d '\n'`, or a progress bar drawn with \r for hours: the
+    # node agent must not keep all of it in memory until a newline comes.
+    assembler = LineAssembler(max_line_chars=65536)
+    payloads = [bytes([65 + i % 26]) * ENTRY for i in range(200)]
+    early = _feed_all(assembler, payloads)
+    held_back = 200 * ENTRY - sum(map(len, early))
+    assert 0 <= held_back <= 65536 + ENTRY
+    assert all(len(line) <= 65536 for line in early)
+    rest = assembler.finish()
+    assert "".join(early + rest) == b"".join(payloads).decode()
+
+
+def test_a_character_split_where_a_long_line_is_stored_early_is_kept_whole():
+    text = "é" * (3 * ENTRY)  # two bytes each: Docker's entries end mid-character
+    data = text.encode() + b"\n"
+    payloads = [data[i:i + ENTRY] for i in range(0, len(data), ENTRY)]
+    assembler = LineAssembler(max_line_chars=4096)
+    lines = _feed_all(assembler, payloads)
+    assert "".join(lines) == text and "\ufffd" not in "".join(lines)
+
+
+def test_an_agent_that_restarts_mid_line_stores_the_rest_once():
+    payloads = [b"x" * ENTRY for _ in range(20)] + [b"end\n", b"next\n"]
+    first = LineAssembler(max_line_chars=65536)
+    stored = _feed_all(first, payloads[:10])  # then the agent dies
+    assert stored
+    again = LineAssembler(last_ts_ns=first.cursor[0], count_at_ts=first.cursor[1], max_line_chars=65536)
+    rest = [line for i, payload in enumerate(payloads, start=1) if not again.already_stored(i)
+            for line in again.feed(i, payload)]
+    assert "".join(stored + rest[:-1]) == "x" * (20 * ENTRY) + "end" and rest[-1] == "next"

@@ -5,7 +5,11 @@ them), and what the pages and API answer.
 
 from __future__ import annotations
 
+import json
+
+from jobs.models import LogLine, Stream, TaskAttempt
 from jobs.node.logwriter import LineAssembler
+from tests.test_many_attempts_api import _api, _job
 
 ENTRY = 16 * 1024  # Docker splits a longer line into entries of this many bytes
 
@@ -48,3 +52,25 @@ def test_an_agent_that_restarts_mid_line_stores_the_rest_once():
     rest = [line for i, payload in enumerate(payloads, start=1) if not again.already_stored(i)
             for line in again.feed(i, payload)]
     assert "".join(stored + rest[:-1]) == "x" * (20 * ENTRY) + "end" and rest[-1] == "next"
+
+
+def _json(response) -> object:
+    body = b"".join(response.streaming_content) if response.streaming else response.content
+    return json.loads(body)
+
+
+def test_each_job_attempts_container_log_reads_that_attempts_log(alice):
+    # A retried job: v2 lists every attempt's tasks, each with its
+    # containerLog; attempt 1's must not lead to attempt 2's lines.
+    job = _job(alice, "retried_logs", tasks=1, retries=1, placed=2)
+    for attempt in TaskAttempt.objects.filter(job=job):
+        LogLine.objects.create(attempt=attempt, stream=Stream.STDOUT, seq=0, text=f"printed by attempt {attempt.number}")
+    client = _api(alice)
+    listed = _json(client.get(f"/api/v2/jobs/{alice.username}~{job.name}/job-attempts"))
+    shown = _json(client.get(f"/api/v2/jobs/{alice.username}~{job.name}"))["jobAttempts"]
+    assert {body["attemptIndex"] for body in listed} == {body["attemptIndex"] for body in shown} == {1, 2}
+    for body in [*listed, *shown]:
+        url = body["taskRoles"]["main"]["taskStatuses"][0]["containerLog"]
+        log = _json(client.get(url.removeprefix("http://testserver")))
+        assert log["attempt"] == body["attemptIndex"]
+        assert log["lines"] == [f"printed by attempt {body['attemptIndex']}"]

@@ -123,8 +123,10 @@ def _attempt_bodies(request: HttpRequest, job: Job, attempts: list[JobAttempt]) 
                      .select_related("task").order_by("number", "task__index"))
     for task_attempt in task_attempts:
         task = task_attempt.task
+        # Pinned to this attempt: the log endpoint's default is the task's
+        # latest, which an earlier attempt's containerLog must not lead to.
         log_url = api_url(request, "task_log", username=job.owner.username, name=job.name, role=task.role,
-                          index=task.index)
+                          index=task.index) + f"?attempt={task_attempt.number}"
         by_attempt[task_attempt.job_attempt_id].setdefault(task.role, []).append(
             serializers.task_status(task, task_attempt, log_url))
     return [_attempt_body(job, attempt, by_attempt[attempt.pk]) for attempt in attempts]

@@ -186,3 +186,16 @@ def test_an_api_path_holding_a_newline_is_the_apis_json_404(alice):
         answer = client.get(path, **auth)
         assert (answer.status_code, answer["Content-Type"]) == (404, "application/json"), path
         assert answer.json()["code"] == "NoApiError"
+
+
+@pytest.mark.parametrize("odd", ["١٢", "1_0", " 5", "5 ", "+5", "²"])
+def test_numbers_in_api_queries_are_plain_ascii_digits(alice, bob, odd):
+    # int() takes digits of other scripts, underscores and spaces; the
+    # README says numbers in queries are plain ASCII digits.
+    job = ended_job(alice, f"digits-{abs(hash(odd))}")
+    path = f"/api/v1/user/{alice.username}/jobs/{job.name}/tasks/main/0/log"
+    response = Client(raise_request_exception=False).get(path, {"after": odd}, **_bearer(alice))
+    assert response.status_code == 400, response.content
+    assert "after must be a whole number" in response.json()["message"]
+    assert Client().get(path, {"after": "5"}, **_bearer(bob)).status_code == 404  # another user: not theirs
+    assert Client().get(path, {"after": "5"}).status_code == 401

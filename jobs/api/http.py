@@ -5,6 +5,8 @@ parameters, and turns every failure into OpenPAI-style JSON.
 
 from __future__ import annotations
 
+import re
+
 import codecs
 import json
 import logging
@@ -234,6 +236,9 @@ def string_param(params: dict[str, Any], name: str, *, required: bool = True, ma
     return value
 
 
+_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+
+
 def optional_int_param(params: Any, name: str, *, minimum: int, maximum: int) -> int | None:
     """An integer from a query string or JSON body, or None if absent
     (numeric strings are accepted: OpenPAI clients send `"expiration": "3600"`)."""
@@ -242,10 +247,10 @@ def optional_int_param(params: Any, name: str, *, minimum: int, maximum: int) ->
     value = params[name]
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise invalid(f"{name} must be a whole number between {minimum} and {maximum}.")
-    try:
-        number = int(value)
-    except ValueError:
-        raise invalid(f"{name} must be a whole number between {minimum} and {maximum}, got {value!r}.") from None
+    # Plain ASCII digits only: int() also takes "١٢", "1_0" and " 5".
+    if isinstance(value, str) and not _WHOLE_NUMBER.fullmatch(value):
+        raise invalid(f"{name} must be a whole number between {minimum} and {maximum}, got {value!r}.")
+    number = int(value)
     if not minimum <= number <= maximum:
         raise invalid(f"{name} must be between {minimum} and {maximum}, got {number}.")
     return number

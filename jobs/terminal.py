@@ -151,12 +151,15 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return
         try:
             message = json.loads(text_data or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # a message nested deeper than Python's json goes
             return
         if not isinstance(message, dict):
             return
         if message.get("type") == "input" and isinstance(message.get("data"), str):
-            await self._write(message["data"][:MAX_INPUT_CHARS].encode())
+            # JSON may carry a lone surrogate ("\ud800"), which UTF-8 cannot
+            # hold: an exception here would end the consumer without its
+            # disconnect (the session left open, the shell not hung up).
+            await self._write(message["data"][:MAX_INPUT_CHARS].encode(errors="replace"))
         elif message.get("type") == "resize":
             rows, cols = message.get("rows"), message.get("cols")
             if isinstance(rows, int) and isinstance(cols, int) and 0 < rows < 1000 and 0 < cols < 1000:

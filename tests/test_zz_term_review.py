@@ -161,3 +161,123 @@ def test_it_keeps_a_terminal_open_after_input_it_cannot_encode(portal, node, eng
     wait_for(lambda: TerminalSession.objects.filter(attempt=attempt, ended_at__isnull=False).exists(),
              what="the session's end to be recorded")
     assert engine.hang_ups == [["/bin/sh", "-c", "kill -HUP 4242 2>/dev/null"]]
+
+
+# ------------------------------------------------------------ web ports
+
+
+class JobApp:
+    """A task's web port: on the node's web-port address, answering each
+    connection with what `answer` makes of the request's bytes."""
+
+    def __init__(self, answer: Callable[[bytes], bytes]) -> None:
+        from django.conf import settings
+
+        self.answer = answer
+        self.requests: list[bytes] = []
+        self.sock = socket.create_server((settings.NODE_WEB_PORT_ADDRESS, 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            data = b""
+            try:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                self.requests.append(data)
+                conn.sendall(self.answer(data))
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@dataclass
+class WebTask:
+    attempt: TaskAttempt
+    app: JobApp
+    host: str  # the task host, as the browser names it
+    portal: tuple[str, int]
+    cookie: str = ""
+
+    def raw(self, request: bytes, *, timeout: float = 10) -> bytes:
+        """The portal's whole answer to one raw request on one connection."""
+        with socket.create_connection(self.portal, timeout=timeout) as sock:
+            sock.sendall(request)
+            answer = b""
+            try:
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            except TimeoutError:
+                pass
+            return answer
+
+    def get(self, path: str = "/", *, method: str = "GET", headers: str = "") -> bytes:
+        return self.raw(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nCookie: {self.cookie}\r\n{headers}"
+                        "Connection: close\r\n\r\n".encode())
+
+
+@pytest.fixture
+def web_task(portal, node, alice) -> Iterator[Callable[[Callable[[bytes], bytes]], WebTask]]:
+    """A running task of alice's whose http port answers as the test says,
+    reached through the node's real forwarder; alice signed in to it."""
+    from jobs.node.webforward import WebForwarder
+    from jobs.services import webports
+
+    forwarder = WebForwarder(node_name=node.name, address=node.address)
+    forwarder.start()
+    apps: list[JobApp] = []
+
+    def make(answer: Callable[[bytes], bytes]) -> WebTask:
+        app = JobApp(answer)
+        apps.append(app)
+        attempt = _running_attempt(alice, node, ports={"http": [app.port]})
+        address = ("127.0.0.1", int(portal.rsplit(":", 1)[1]))
+        task = WebTask(attempt, app, f"t{attempt.pk}-{app.port}.localhost:{address[1]}", address)
+        ticket = webports.ticket_issue(user=alice, attempt_id=attempt.pk, port=app.port, next_path="/")
+        entered = task.get(f"{webports.ENTER_PATH}?ticket={ticket}")
+        assert entered.startswith(b"HTTP/1.1 302"), entered
+        task.cookie = next(line for line in entered.split(b"\r\n") if line.lower().startswith(b"set-cookie:")
+                           ).split(b":", 1)[1].split(b";")[0].strip().decode()
+        return task
+
+    yield make
+    forwarder.stop()
+    for app in apps:
+        app.close()
+
+
+def _ok(body: bytes, *headers: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+
+
+def test_it_forwards_a_plain_request(web_task):
+    task = web_task(lambda request: _ok(b"hello", b"Content-Length: 5"))
+    answer = task.get("/x")
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
+
+
+def test_it_survives_a_job_that_takes_a_connect_as_a_tunnel(web_task):
+    """A 2xx to CONNECT switches h11's connection to another protocol, where
+    it has no more events to give: the relay asked again and again without
+    waiting, and the worker's event loop served no one any more."""
+    task = web_task(lambda request: _ok(b"tunnel bytes"))
+    answer = task.raw(f"CONNECT / HTTP/1.1\r\nHost: {task.host}\r\nCookie: {task.cookie}\r\n\r\n".encode(), timeout=5)
+    assert answer.startswith(b"HTTP/1.1 ") and answer.endswith(b"0\r\n\r\n")  # ended, not held
+    started = time.monotonic()
+    assert task.get("/after").startswith(b"HTTP/1.1 200")
+    assert time.monotonic() - started < 3

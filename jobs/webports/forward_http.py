@@ -125,6 +125,11 @@ async def _wait_disconnect(receive: Any) -> None:
 async def _next_event(upstream: h11.Connection, reader: asyncio.StreamReader) -> Any:
     while True:
         event = upstream.next_event()
+        if event is h11.PAUSED:
+            # The job took the request as a protocol switch (a 2xx to
+            # CONNECT): h11 has no more HTTP to give, and would say PAUSED
+            # for ever, so asking again would spin the worker's event loop.
+            return h11.ConnectionClosed()
         if event is not h11.NEED_DATA:
             return event
         upstream.receive_data(await reader.read(READ_BYTES))

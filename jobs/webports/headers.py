@@ -90,6 +90,11 @@ def to_browser(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     """The job's response headers as the browser gets them."""
     headers = [(name.lower(), value) for name, value in headers]
     drop = HOP_BY_HOP | _connection_tokens(headers)
+    if any(name == b"transfer-encoding" for name, _ in headers):
+        # The body was framed by its chunks (RFC 9112, 6.3: they override a
+        # length, which a proxy must drop); a length passed on would
+        # contradict the body the browser gets.
+        drop |= {b"content-length"}
     kept: Headers = []
     for name, value in headers:
         if name in drop:

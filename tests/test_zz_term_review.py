@@ -291,3 +291,13 @@ def test_it_frames_a_chunked_answer_that_also_names_a_length_by_its_chunks(web_t
     assert head.startswith(b"HTTP/1.1 200") and b"content-length" not in head.lower()
     assert body == b"5\r\nhello\r\n0\r\n\r\n"
 
+
+
+@pytest.mark.parametrize("framing, cut", [(b"Content-Length: 5", b"he"), (b"Transfer-Encoding: chunked", b"2\r\nhe\r\n")])
+def test_it_cuts_the_browsers_answer_off_where_the_job_cut_its_off(web_task, framing, cut):
+    """A job (or its container) that dies mid-body: the browser must see a
+    broken answer, not a complete one with less in it."""
+    task = web_task(lambda request: _ok(cut, framing))
+    head, _, body = task.get("/x").partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert body in (b"he", b"2\r\nhe\r\n")  # what came, and no end of a chunked body after it

@@ -19,6 +19,7 @@ import h11
 from jobs.services.webports import WebPortTarget
 from jobs.webports import headers as hdrs
 from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_socket
+from portal.http_bridge import ABORT_EXTENSION
 
 READ_BYTES = 64 * 1024
 
@@ -117,6 +118,17 @@ async def _send_request(scope: dict[str, Any], receive: Any, upstream: h11.Conne
     await writer.drain()
 
 
+def _drop_client(scope: dict[str, Any]) -> None:
+    """Break the browser's connection mid-answer. Ending the answer instead
+    would make a chunked one look complete, only shorter (a truncated
+    download taken for a whole one); uvicorn drops the connection itself
+    when the app returns without ending it, this only does it at once and
+    without an error in the log (portal/http_protocol.py gives the abort)."""
+    abort = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
+    if abort is not None:
+        abort()
+
+
 async def _wait_disconnect(receive: Any) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -152,7 +164,8 @@ async def _relay_response(scope: dict[str, Any], send: Any, upstream: h11.Connec
         try:
             event = await _next_event(upstream, reader)
         except (h11.RemoteProtocolError, OSError):
-            break  # cut off mid-body: the browser sees a short response
+            _drop_client(scope)  # cut off mid-body: so is the browser's answer
+            return
         if isinstance(event, h11.Data):
             await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
         elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):

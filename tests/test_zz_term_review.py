@@ -301,3 +301,14 @@ def test_it_cuts_the_browsers_answer_off_where_the_job_cut_its_off(web_task, fra
     head, _, body = task.get("/x").partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     assert body in (b"he", b"2\r\nhe\r\n")  # what came, and no end of a chunked body after it
+
+
+def test_it_passes_the_job_no_x_forwarded_header_of_the_clients(web_task):
+    # SECURITY.md, "Web ports": the client's X-Forwarded-* are dropped, all of them.
+    task = web_task(lambda request: _ok(b"", b"Content-Length: 0"))
+    task.get("/x", headers="X-Forwarded-Port: 1\r\nX-Forwarded-Prefix: /elsewhere\r\nX-Forwarded-Ssl: on\r\n"
+                           "X-Forwarded-For: 10.9.9.9\r\n")
+    seen = [line.split(b":", 1)[0] for line in task.app.requests[-1].split(b"\r\n")[1:] if line]
+    assert sorted(name for name in seen if name.startswith(b"x-forwarded-")) == [
+        b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto"]  # the proxy's own
+    assert b"10.9.9.9" not in task.app.requests[-1]

@@ -64,7 +64,10 @@ def to_job(headers: Headers, *, client: str, scheme: str, websocket: bool = Fals
     drop = HOP_BY_HOP | CREDENTIALS | _connection_tokens(headers) | {csrf_header(), b"cookie"}
     if websocket:
         drop |= WEBSOCKET_OWN
-    kept = [(name.lower(), value) for name, value in headers if name.lower() not in drop]
+    # Every X-Forwarded-* of the client's (-port, -prefix ... too): the job
+    # gets ours only.
+    kept = [(name.lower(), value) for name, value in headers
+            if name.lower() not in drop and not name.lower().startswith(b"x-forwarded-")]
     private = private_cookie_names()
     cookies = "; ".join(f"{k}={v}" for k, v in cookie_pairs(headers) if k not in private)
     if cookies:

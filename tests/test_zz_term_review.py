@@ -312,3 +312,13 @@ def test_it_passes_the_job_no_x_forwarded_header_of_the_clients(web_task):
     assert sorted(name for name in seen if name.startswith(b"x-forwarded-")) == [
         b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto"]  # the proxy's own
     assert b"10.9.9.9" not in task.app.requests[-1]
+
+
+@pytest.mark.parametrize("path", ["/ws/nope/", "/ws/terminal/abc/", "/ws/terminal/1/x", "/"])
+def test_it_refuses_a_websocket_to_no_route_cleanly(portal, alice, path):
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(portal.replace("http://", "ws://") + path, origin=portal, proxy=None, open_timeout=10,
+                   additional_headers={"Cookie": _session_cookie(alice)})
+    assert refused.value.response.status_code == 403  # refused, not a 500 from an exception

@@ -7,7 +7,7 @@ Docker cannot run here; its "shell" echoes what it is sent."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 import uvicorn
 from django.test import Client
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from jobs.models import Job, JobAttempt, Node, State, Task, TaskAttempt, TaskState, TerminalSession, VirtualCluster
@@ -322,3 +323,73 @@ def test_it_refuses_a_websocket_to_no_route_cleanly(portal, alice, path):
         ws_connect(portal.replace("http://", "ws://") + path, origin=portal, proxy=None, open_timeout=10,
                    additional_headers={"Cookie": _session_cookie(alice)})
     assert refused.value.response.status_code == 403  # refused, not a 500 from an exception
+
+
+class JobWebSocketApp:
+    """A task's web port serving a WebSocket that sends `count` messages of
+    `size` bytes as fast as it is let, counting those sent."""
+
+    def __init__(self, *, count: int, size: int) -> None:
+        from django.conf import settings
+        from websockets.sync.server import serve
+
+        self.sent = 0
+
+        def handler(connection) -> None:
+            with contextlib.suppress(ConnectionClosed):
+                for _ in range(count):
+                    connection.send(b"x" * size)
+                    self.sent += 1
+
+        self.server = serve(handler, settings.NODE_WEB_PORT_ADDRESS, 0, max_size=None, compression=None)
+        self.port = self.server.socket.getsockname()[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def _settled(read: Callable[[], int], *, quiet: float = 1.5, timeout: float = 30) -> int:
+    """`read()` once it has not changed for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    return last
+
+
+def test_it_holds_few_of_a_jobs_websocket_messages_for_a_browser_that_reads_none(portal, node, alice):
+    """The proxy reads the job's messages only as the browser takes them:
+    a browser that takes none must not make the portal hold many (each may
+    be 16 MB)."""
+    from jobs.node.webforward import WebForwarder
+    from jobs.services import webports
+
+    forwarder = WebForwarder(node_name=node.name, address=node.address)
+    forwarder.start()
+    app = JobWebSocketApp(count=24, size=8 * 1024 * 1024)
+    try:
+        attempt = _running_attempt(alice, node, ports={"http": [app.port]})
+        grant = webports.Grant(user_id=alice.pk, auth_tag=webports._auth_tag(alice),
+                               host=webports.TaskHost(attempt.pk, app.port))
+        address = ("127.0.0.1", int(portal.rsplit(":", 1)[1]))
+        with socket.create_connection(address, timeout=10) as browser:
+            browser.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            browser.sendall(f"GET / HTTP/1.1\r\nHost: t{attempt.pk}-{app.port}.localhost:{address[1]}\r\n"
+                            f"Cookie: {webports.COOKIE_NAME}={webports.cookie_value(grant)}\r\nUpgrade: websocket\r\n"
+                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                            "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+            assert browser.recv(12) == b"HTTP/1.1 101"
+            sent = _settled(lambda: app.sent)  # and the browser reads nothing more
+            # What the kernel's socket buffers take on three hops (a few
+            # messages), one being sent and one or two read ahead in the
+            # proxy: not 16 more (it held 21-22 before).
+            assert sent <= 12, f"the job sent {sent} messages of 8 MB to a browser that read none"
+    finally:
+        forwarder.stop()
+        app.close()

@@ -26,6 +26,10 @@ from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_sock
 
 RECHECK_SECONDS = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # uvicorn's own limit for messages from browsers
+# Frames of the job's read ahead of the browser. websockets' default, 16,
+# let a browser that takes nothing make the portal hold 16 messages of up
+# to MAX_MESSAGE_BYTES each; with 1 it stops reading past one or two.
+MAX_QUEUED_FRAMES = 1
 CLOSE_FORBIDDEN = 4403
 CLOSE_UNREACHABLE = 4502
 
@@ -47,7 +51,7 @@ async def _open(scope: dict[str, Any], target: WebPortTarget) -> ClientConnectio
             uri, sock=sock, ssl=job_tls_context() if target.tls else None, origin=origin,  # type: ignore[arg-type]
             additional_headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers],
             subprotocols=scope.get("subprotocols") or None, user_agent_header=None, compression=None,
-            open_timeout=CONNECT_SECONDS, max_size=MAX_MESSAGE_BYTES, proxy=None,
+            open_timeout=CONNECT_SECONDS, max_size=MAX_MESSAGE_BYTES, max_queue=MAX_QUEUED_FRAMES, proxy=None,
         )
     except BaseException:
         sock.close()

@@ -82,6 +82,24 @@ def test_it_closes_an_open_shell_when_its_user_signs_out(alice, task, cluster):
              .exists(), what="the session to be recorded as ended by signing out")
 
 
+def test_it_keeps_a_shell_open_after_input_it_cannot_read_and_closes_it_as_usual(alice, task, cluster):
+    # A lone surrogate (as JSON.stringify sends one) and JSON nested deeper
+    # than Python's json reads once ended the consumer with an exception,
+    # which skipped its disconnect: the session stayed open, counting
+    # against TERMINAL_SESSIONS_PER_USER, and the shell was never hung up.
+    base, (_job, attempt) = cluster.base_url, task
+    with _ready_shell(base, attempt.pk, login(base, alice)) as shell:
+        shell.send('{"type": "input", "data": "\\ud800"}')
+        shell.send("[" * 100_000)
+        shell.send(json.dumps({"type": "input", "data": "echo after-$((6*7))\r"}))
+        seen = b""
+        while b"after-42" not in seen:
+            seen += shell.recv(timeout=10)
+    wait_for(lambda: TerminalSession.objects.filter(attempt=attempt, ended_at__isnull=False).exists(),
+             what="the session's end to be recorded")
+    wait_for(lambda: "sh -l" not in container_processes(attempt), timeout=10, what="the shell to be hung up")
+
+
 def test_it_closes_an_open_shell_when_the_password_changes(alice, task, cluster):
     base, (_job, attempt) = cluster.base_url, task
     with _ready_shell(base, attempt.pk, login(base, alice)) as shell:

@@ -1,9 +1,9 @@
 """The browser terminal and the web-port proxy against hostile clients and
 hostile containers, without Docker: the portal's ASGI application served by
 a real uvicorn in this process, the node agent's real forwarder, and a
-task's "container" that is a socket of the test's. The terminal's engine is
-a test engine registered at the engine interface (jobs/node/launcher), as
-Docker cannot run here; its "shell" echoes what it is sent."""
+task's "container" that is a socket of the test's. (The terminal's
+part is in tests/security/test_terminal_without_bounds.py, on a real
+container.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import uvicorn
@@ -22,8 +22,7 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from jobs.models import Job, JobAttempt, Node, State, Task, TaskAttempt, TaskState, TerminalSession, VirtualCluster
-from jobs.node import launcher
+from jobs.models import Job, JobAttempt, Node, State, Task, TaskAttempt, TaskState, VirtualCluster
 from tests.cluster import wait_for
 from tests.helpers import config, role
 
@@ -86,82 +85,6 @@ def _session_cookie(user) -> str:
     client = Client()
     client.force_login(user)
     return f"sessionid={client.cookies['sessionid'].value}"
-
-
-# ------------------------------------------------------------ the terminal
-
-
-@dataclass
-class EchoShell:
-    """The far end of one terminal: says its PID, then echoes input."""
-
-    sock: socket.socket
-    received: bytearray = field(default_factory=bytearray)
-
-    def run(self) -> None:
-        self.sock.sendall(b"pai-terminal-pid=4242\r\n")
-        while data := self.sock.recv(65536):
-            self.received += data
-            self.sock.sendall(data)
-        self.sock.close()
-
-
-class EchoEngine:
-    """The engine interface's terminal part, for the terminal's tests."""
-
-    def __init__(self) -> None:
-        self.shells: list[EchoShell] = []
-        self.hang_ups: list[list[str]] = []
-
-    def open_terminal(self, container_id: str, *, command: list[str], env: list[str] | None = None):
-        ours, theirs = socket.socketpair()
-        shell = EchoShell(theirs)
-        self.shells.append(shell)
-        threading.Thread(target=shell.run, daemon=True).start()
-        return f"exec-{len(self.shells)}", ours
-
-    def resize_terminal(self, exec_id: str, *, rows: int, cols: int) -> None:
-        pass
-
-    def exec_status(self, container_id: str, command: list[str]) -> int | None:
-        self.hang_ups.append(command)
-        return 0
-
-    def state(self, container_id: str):
-        return launcher.ContainerState(id=container_id, running=True, exit_code=None, oom_killed=False, error="",
-                                       started_at=None, finished_at=None, labels={})
-
-
-@pytest.fixture
-def engine(node) -> EchoEngine:
-    made = EchoEngine()
-    launcher.register_engine(ENGINE_SCHEME, lambda url: made)
-    return made
-
-
-def _terminal(portal: str, attempt: TaskAttempt, cookie: str):
-    return ws_connect(portal.replace("http://", "ws://") + f"/ws/terminal/{attempt.pk}/", origin=portal,
-                      additional_headers={"Cookie": cookie}, proxy=None, open_timeout=10)
-
-
-def _until(shell, text: bytes) -> bytes:
-    seen = b""
-    while text not in seen:
-        seen += shell.recv(timeout=10)
-    return seen
-
-
-def test_it_keeps_a_terminal_open_after_input_it_cannot_encode(portal, node, engine, alice):
-    attempt = _running_attempt(alice, node, ports={})
-    with _terminal(portal, attempt, _session_cookie(alice)) as shell:
-        shell.send('{"type": "input", "data": "\\ud800"}')  # a lone surrogate, as JSON.stringify sends one
-        shell.send("[" * 100_000)  # nested too deep for Python's json
-        shell.send(json.dumps({"type": "input", "data": "echo after\r"}))
-        assert b"echo after" in _until(shell, b"echo after")
-    # The session was closed as usual: recorded, and the shell hung up.
-    wait_for(lambda: TerminalSession.objects.filter(attempt=attempt, ended_at__isnull=False).exists(),
-             what="the session's end to be recorded")
-    assert engine.hang_ups == [["/bin/sh", "-c", "kill -HUP 4242 2>/dev/null"]]
 
 
 # ------------------------------------------------------------ web ports

@@ -58,8 +58,10 @@ def job_list_rows(request: HttpRequest) -> HttpResponse:
 
 
 def _safe_next(request: HttpRequest, default: str) -> str:
+    # The page sends its own path. Anything not starting with "/" is refused
+    # too: redirect() would take a bare word ("jobs") for a URL name to reverse.
     target = request.POST.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+    if target.startswith("/") and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
         return target
     return default
 

@@ -1,0 +1,30 @@
+"""Found in a review of the browser pages and forms: odd input a hostile
+user can send to a page, each an answer rather than a 500, and data kept
+out of other users' reach.
+
+Through Django's test client on the session's database; no node is needed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.test_pages import waiting_job
+
+
+def _signed_in(user) -> Client:
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize("target", ["jobs", "1e9", "-5", "list"])
+def test_bulk_stop_takes_a_next_that_is_no_path_as_no_next(alice, target):
+    """`redirect()` reads a bare word as a URL name to reverse: a `next`
+    without a slash was a 500 after the jobs were already stopped."""
+    job = waiting_job(alice, "bulk-next")
+    response = _signed_in(alice).post("/jobs/stop/", {"job": [job.pk], "next": target})
+    assert response.status_code == 302 and response["Location"] == "/"
+    job.refresh_from_db()
+    assert job.is_final or job.state == "STOPPING"

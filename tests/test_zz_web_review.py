@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from tests.test_pages import waiting_job
+from tests.test_pages import ended_job, task_attempt, waiting_job
 
 
 def _signed_in(user) -> Client:
@@ -28,3 +28,13 @@ def test_bulk_stop_takes_a_next_that_is_no_path_as_no_next(alice, target):
     assert response.status_code == 302 and response["Location"] == "/"
     job.refresh_from_db()
     assert job.is_final or job.state == "STOPPING"
+
+
+@pytest.mark.parametrize("view", ["", "search/", "download/"])
+def test_a_log_url_with_a_job_id_past_64_bits_is_a_404(alice, view):
+    """The job's id is matched through the attempt's foreign key, which
+    Django hands to SQLite as it is: a 30-digit id overflowed there."""
+    job = ended_job(alice, "log-huge-id")
+    attempt = task_attempt(job)
+    response = _signed_in(alice).get(f"/jobs/{'9' * 30}/logs/{attempt.pk}/stdout/{view}", {"q": "x"})
+    assert response.status_code == 404

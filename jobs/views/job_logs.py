@@ -25,7 +25,10 @@ def _attempt_for_user(request: HttpRequest, job_id: int, attempt_id: int) -> Tas
     """The task attempt of a job the user may see, in one query (the tail is
     polled every second); a 404 otherwise."""
     attempts = TaskAttempt.objects.select_related("task", "job").filter(job__in=Job.objects.visible_to(request.user))
-    return get_object_or_404(attempts, pk=attempt_id, job_id=job_id)
+    # job__pk, not job_id: Django checks an id past 64 bits against the
+    # job's own id field (no match), but passes it through a foreign key
+    # to SQLite, which cannot take it.
+    return get_object_or_404(attempts, pk=attempt_id, job__pk=job_id)
 
 
 def _stream(name: str) -> Stream:

@@ -10,7 +10,7 @@ from django_rq.urls import get_admin_urlpatterns, get_api_urlpatterns
 
 from jobs.api.http import no_api_view
 from jobs.api.views import root as api_root
-from jobs.login_forms import RateLimitedLoginForm
+from jobs.views.account import LoginView
 
 
 def portal_admins_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -34,8 +34,7 @@ for _pattern in _rq_urls:
     _pattern.callback = portal_admins_only(_pattern.callback)
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True, authentication_form=RateLimitedLoginForm),
-         name="login"),
+    path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/rq/", include((_rq_urls, "django_rq"))),
     path("admin/", admin.site.urls),

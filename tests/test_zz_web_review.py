@@ -38,3 +38,18 @@ def test_a_log_url_with_a_job_id_past_64_bits_is_a_404(alice, view):
     attempt = task_attempt(job)
     response = _signed_in(alice).get(f"/jobs/{'9' * 30}/logs/{attempt.pk}/stdout/{view}", {"q": "x"})
     assert response.status_code == 404
+
+
+@pytest.mark.parametrize("target", ["/login/", "/login/?next=/login/", "http://testserver/login/"])
+def test_a_signed_in_user_sent_to_the_login_page_with_itself_as_next_lands_on_the_jobs(alice, target):
+    """Django's LoginView raises for a `next` that is its own path (a 500)
+    and redirects to itself for one with a query (the browser's redirect
+    loop); either came from a link anyone can send."""
+    response = _signed_in(alice).get("/login/", {"next": target})
+    assert response.status_code == 302 and response["Location"] == "/"
+
+
+def test_a_login_with_the_login_page_as_next_lands_on_the_jobs(alice):
+    response = Client().post("/login/", {"username": alice.username, "password": alice.test_password,
+                                         "next": "/login/?next=/login/"})
+    assert response.status_code == 302 and response["Location"] == "/"

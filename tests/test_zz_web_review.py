@@ -53,3 +53,14 @@ def test_a_login_with_the_login_page_as_next_lands_on_the_jobs(alice):
     response = Client().post("/login/", {"username": alice.username, "password": alice.test_password,
                                          "next": "/login/?next=/login/"})
     assert response.status_code == 302 and response["Location"] == "/"
+
+
+@pytest.mark.parametrize("log", ['1"]', "1\\", "x'y"])
+def test_the_log_viewer_is_handed_only_an_attempt_id_from_the_url(alice, log):
+    """static/jobs/log_viewer.js looks `data-attempt` up with a CSS selector
+    (option[value="..."]): a quote or backslash from `?log=` made it throw,
+    and a link could leave a job's log viewer empty."""
+    job = ended_job(alice, "log-param")
+    task_attempt(job)
+    html = _signed_in(alice).get(f"/jobs/{job.pk}/", {"log": log, "stream": "stderr"}).content.decode()
+    assert 'data-stream="stderr" data-attempt=""' in html

@@ -201,6 +201,9 @@ def _log_start(request: HttpRequest, job: Job, role_tables: list[RoleTable]) -> 
     platform's note of a failed pull or launch, a traceback on stderr if the
     command wrote any); else the first task's stdout."""
     attempt, stream = request.GET.get("log", ""), request.GET.get("stream")
+    # An id or nothing: the viewer's script looks it up with a CSS selector,
+    # which a quote from a crafted link would break.
+    attempt = attempt if parse_id(attempt) is not None else ""
     if attempt or stream in Stream.labels:
         return attempt, stream if stream in Stream.labels else "stdout"
     failed = next((row.attempt for table in role_tables for row in table.rows

@@ -64,3 +64,13 @@ def test_the_log_viewer_is_handed_only_an_attempt_id_from_the_url(alice, log):
     task_attempt(job)
     html = _signed_in(alice).get(f"/jobs/{job.pk}/", {"log": log, "stream": "stderr"}).content.decode()
     assert 'data-stream="stderr" data-attempt=""' in html
+
+
+def test_a_refused_paste_comes_back_in_the_no_script_box_with_its_first_blank_line(alice):
+    """An HTML parser drops one line break right after <textarea>: a paste
+    starting with a blank line came back a line short, its problems' line
+    numbers one off from the box."""
+    text = '\n{\n  "jobName": 5\n}'
+    html = _signed_in(alice).post("/submit/", {"config": text, "mode": "json"}).content.decode()
+    box = html.split('id="id_config"', 1)[1].split(">", 1)[1].split("</textarea>", 1)[0]
+    assert box.removeprefix("\n") == text.replace('"', "&quot;")

@@ -27,7 +27,7 @@ from jobs.models import (
     UserLimit,
     VirtualCluster,
 )
-from jobs.services import tokens
+from jobs.services import tokens, users
 from jobs.services.nodes import node_address_clash
 
 # The admin's login counts failures like the portal's own login (one limit).
@@ -48,6 +48,21 @@ class UserAdmin(BaseUserAdmin):
         if user is not None and before is not None and user.password != before:
             tokens.tokens_revoke_all(user=user)
         return response
+
+    def get_deleted_objects(self, objs, request: HttpRequest):
+        """A user with unfinished jobs is shown as protected by them, so the
+        admin refuses the delete, as DELETE /user does: the cascade would
+        drop the rows of jobs whose containers still run."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        busy = [f"{job} ({job.get_state_display()}: stop it first)" for job in users.unfinished_jobs_of(list(objs))]
+        return deleted, counts, perms_needed, [*protected, *busy]
+
+    def delete_model(self, request: HttpRequest, obj: User) -> None:
+        users.user_delete_unless_busy(user=obj)  # checked again under the user's row lock
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
+        for user in queryset:
+            users.user_delete_unless_busy(user=user)
 
 
 @admin.register(VirtualCluster)

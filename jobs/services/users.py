@@ -118,6 +118,19 @@ def user_delete(*, user: User, by: User) -> None:
         raise UserError("RemoveAdminError", "You cannot remove yourself.")
     if user.is_admin:
         raise UserError("RemoveAdminError", f"Admin {user.username} is not allowed to remove; make them a non-admin first.")
+    user_delete_unless_busy(user=user)
+
+
+def unfinished_jobs_of(users: list[User], *, limit: int = 100) -> list[Job]:
+    """Some of the users' jobs that still hold (or wait for) a place in the
+    cluster: enough to say why they may not be deleted yet."""
+    return list(Job.objects.filter(owner__in=users).exclude(state__in=FINAL_STATES).select_related("owner")[:limit])
+
+
+def user_delete_unless_busy(*, user: User) -> None:
+    """Delete a user with their finished jobs and tokens, refused while the
+    user has unfinished jobs (the Django admin's way in, which may remove
+    admins; user_delete adds OpenPAI's rules)."""
     with transaction.atomic():
         # The user's row, locked, before counting: a job the user submits
         # meanwhile either is counted (committed first) or fails its foreign

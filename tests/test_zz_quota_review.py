@@ -1,0 +1,49 @@
+"""Review of virtual clusters, users, limits and tokens: what the Django
+admin, management commands and the API let through that the services'
+own rules refuse. Through Django's test client, on the test database."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from jobs.models import Job, User
+from tests.helpers import config, role, submit
+
+
+def _admin_client(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _parked(user: User, name: str) -> Job:
+    """A job that waits for ever: no node has its GPU type."""
+    return submit(user, config(name, role(command="true", gpus=1), gpuType="NOWHEREREVIEW"))
+
+
+@pytest.mark.parametrize("how", ["delete page", "bulk action"])
+def test_the_django_admin_keeps_a_user_with_unfinished_jobs(admin_user, alice, how):
+    """Deleting a user takes their jobs with them (a cascade): an unfinished
+    job's row would go while its containers run on. DELETE /user refuses;
+    the Django admin must too, and say why."""
+    job = _parked(alice, "still-waiting")
+    client = _admin_client(admin_user)
+    if how == "delete page":
+        response = client.post(f"/admin/jobs/user/{alice.pk}/delete/", {"post": "yes"})
+    else:
+        response = client.post("/admin/jobs/user/", {"action": "delete_selected", "_selected_action": [alice.pk],
+                                                      "post": "yes"})
+    assert response.status_code == 200, response.status_code
+    assert str(job) in response.content.decode()
+    assert User.objects.filter(pk=alice.pk).exists()
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
+def test_the_django_admin_deletes_a_user_whose_jobs_have_all_ended(admin_user, alice):
+    job = _parked(alice, "ended")
+    from jobs import services
+    services.job_stop(job=job, by=alice)
+    response = _admin_client(admin_user).post(f"/admin/jobs/user/{alice.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not User.objects.filter(pk=alice.pk).exists()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django import forms
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
 from jobs import services
 from jobs.ids import parse_id
@@ -34,20 +36,39 @@ from jobs.services.nodes import node_address_clash
 admin.site.login_form = RateLimitedAdminLoginForm
 
 
+def _revoking_tokens_on_password_change(user_id: int | None, view: Callable[[], HttpResponse]) -> HttpResponse:
+    """Run `view`; if it changed the user's password, revoke their API
+    tokens, as a change through the API does: a change or a reset is what
+    follows a stolen password."""
+    before = User.objects.filter(pk=user_id).values_list("password", flat=True).first()
+    response = view()
+    user = User.objects.filter(pk=user_id).first()
+    if user is not None and before is not None and user.password != before:
+        tokens.tokens_revoke_all(user=user)
+    return response
+
+
+_site_password_change = admin.site.password_change
+
+
+def _own_password_change(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+    """The admin site's own page where any staff user changes their password."""
+    return _revoking_tokens_on_password_change(request.user.pk,
+                                               lambda: _site_password_change(request, extra_context))
+
+
+# Read when the admin's URLs are built (portal/urls.py), after this module.
+admin.site.password_change = _own_password_change  # type: ignore[method-assign]
+
+
 @admin.register(User)
 class UserAdmin(BaseUserAdmin):
     list_display = ("username", "email", "is_staff", "is_active", "last_login")
 
     def user_change_password(self, request: HttpRequest, id: str, form_url: str = ""):  # noqa: A002 (Django's name)
-        """An admin's reset of a password revokes the user's API tokens, as a
-        change through the API does: a reset is what follows a stolen one."""
-        user_id = parse_id(id)
-        before = User.objects.filter(pk=user_id).values_list("password", flat=True).first()
-        response = super().user_change_password(request, id, form_url)
-        user = User.objects.filter(pk=user_id).first()
-        if user is not None and before is not None and user.password != before:
-            tokens.tokens_revoke_all(user=user)
-        return response
+        """An admin's reset of a password revokes the user's API tokens."""
+        return _revoking_tokens_on_password_change(
+            parse_id(id), lambda: super(UserAdmin, self).user_change_password(request, id, form_url))
 
     def get_deleted_objects(self, objs, request: HttpRequest):
         """A user with unfinished jobs is shown as protected by them, so the

@@ -47,3 +47,23 @@ def test_the_django_admin_deletes_a_user_whose_jobs_have_all_ended(admin_user, a
     response = _admin_client(admin_user).post(f"/admin/jobs/user/{alice.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302
     assert not User.objects.filter(pk=alice.pk).exists()
+
+
+def test_a_password_changed_on_the_django_admins_own_page_revokes_the_users_tokens(make_user):
+    """/admin/password_change/ (any staff user's own password) is a change
+    like PUT /user's and the admin's reset: a token taken with the old
+    password must stop working."""
+    from datetime import timedelta
+
+    from jobs.services import tokens
+
+    staff = make_user("staffer", password="Old-pass-for-review-1")
+    User.objects.filter(pk=staff.pk).update(is_staff=True)
+    key = tokens.token_create(user=staff, lifetime=timedelta(hours=1)).key
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    assert Client().get(f"/api/v1/user/{staff.username}", **bearer).status_code == 200
+    response = _admin_client(User.objects.get(pk=staff.pk)).post("/admin/password_change/", {
+        "old_password": "Old-pass-for-review-1", "new_password1": "New-pass-for-review-2",
+        "new_password2": "New-pass-for-review-2"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Client().get(f"/api/v1/user/{staff.username}", **bearer).status_code == 401

@@ -91,6 +91,21 @@ class VirtualClusterAdmin(admin.ModelAdmin):
     list_display = ("name", "capacity", "open_to_all", "description")
     filter_horizontal = ("users",)
 
+    # "default" always exists (manage.py ensure_defaults makes it at start):
+    # jobs that name no virtual cluster go there, and its share is what the
+    # others leave. Renamed, it would keep its stored capacity as a share of
+    # its own; deleted, submissions would fail until the next start. And
+    # scheduling passes on PostgreSQL take turns by locking its row
+    # (scheduling._lock_passes): without it two could place at once.
+    def get_readonly_fields(self, request: HttpRequest, obj: VirtualCluster | None = None) -> tuple[str, ...]:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields + ("name",) if obj is not None and obj.name == VirtualCluster.DEFAULT else fields
+
+    def has_delete_permission(self, request: HttpRequest, obj: VirtualCluster | None = None) -> bool:
+        if obj is not None and obj.name == VirtualCluster.DEFAULT:
+            return False
+        return super().has_delete_permission(request, obj)
+
 
 @admin.register(UserLimit)
 class UserLimitAdmin(admin.ModelAdmin):

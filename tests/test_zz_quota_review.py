@@ -67,3 +67,21 @@ def test_a_password_changed_on_the_django_admins_own_page_revokes_the_users_toke
         "new_password2": "New-pass-for-review-2"})
     assert response.status_code == 302, response.content.decode()[:2000]
     assert Client().get(f"/api/v1/user/{staff.username}", **bearer).status_code == 401
+
+
+def test_the_django_admin_neither_deletes_nor_renames_the_default_virtual_cluster(admin_user):
+    """"default" always exists: submissions without a virtual cluster go
+    there, and it gets the share the others leave. Deleted (it may hold no
+    jobs) or renamed, submissions fail and the renamed one keeps default's
+    stored 100 % beside the others' shares until the next restart."""
+    from jobs.models import VirtualCluster
+
+    default = VirtualCluster.objects.get(name=VirtualCluster.DEFAULT)
+    client = _admin_client(admin_user)
+    assert client.post(f"/admin/jobs/virtualcluster/{default.pk}/delete/", {"post": "yes"}).status_code == 403
+    response = client.post("/admin/jobs/virtualcluster/", {"action": "delete_selected",
+                                                            "_selected_action": [default.pk], "post": "yes"})
+    assert response.status_code == 403
+    client.post(f"/admin/jobs/virtualcluster/{default.pk}/change/", {
+        "name": "renamed_default", "capacity": "100", "description": "", "open_to_all": "on"})
+    assert VirtualCluster.objects.filter(pk=default.pk, name=VirtualCluster.DEFAULT).exists()

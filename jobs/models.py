@@ -112,6 +112,18 @@ class VirtualCluster(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        """The shares are of one cluster: past 100 % together, each would
+        be promised what another holds, and the scheduler could keep none
+        of the promises ("default"'s is what the others leave)."""
+        if self.name == self.DEFAULT or self.capacity is None:
+            return
+        others = VirtualCluster.objects.exclude(name=self.DEFAULT).exclude(pk=self.pk)
+        taken = sum(others.values_list("capacity", flat=True))
+        if taken + self.capacity > 100.0:
+            raise ValidationError({"capacity": f"The other virtual clusters hold {taken:g} % of the cluster; "
+                                               f"at most {max(0.0, 100.0 - taken):g} % is left."})
+
     def allows(self, user: User) -> bool:
         if self.open_to_all or user.is_admin:
             return True

@@ -81,7 +81,39 @@ def test_the_django_admin_neither_deletes_nor_renames_the_default_virtual_cluste
     assert client.post(f"/admin/jobs/virtualcluster/{default.pk}/delete/", {"post": "yes"}).status_code == 403
     response = client.post("/admin/jobs/virtualcluster/", {"action": "delete_selected",
                                                             "_selected_action": [default.pk], "post": "yes"})
-    assert response.status_code == 403
+    assert response.status_code in (200, 403)  # 200: the page naming its jobs, which protect it too
+    assert VirtualCluster.objects.filter(pk=default.pk).exists()
     client.post(f"/admin/jobs/virtualcluster/{default.pk}/change/", {
         "name": "renamed_default", "capacity": "100", "description": "", "open_to_all": "on"})
     assert VirtualCluster.objects.filter(pk=default.pk, name=VirtualCluster.DEFAULT).exists()
+
+
+def test_the_django_admin_refuses_shares_over_the_whole_cluster_naming_the_field(admin_user):
+    """Shares are percentages of one cluster: two of 80 % would each be
+    promised what the other holds (and "default" left with nothing), so
+    the scheduler could keep neither promise."""
+    from jobs.models import VirtualCluster
+    from tests.conftest import unique
+
+    # Earlier tests' virtual clusters give their shares up for this one.
+    kept = dict(VirtualCluster.objects.exclude(name=VirtualCluster.DEFAULT).values_list("pk", "capacity"))
+    VirtualCluster.objects.filter(pk__in=kept).update(capacity=0.0)
+    first = VirtualCluster.objects.create(name=unique("share_a"), capacity=0.0)
+    second = VirtualCluster.objects.create(name=unique("share_b"), capacity=80.0)
+    client = _admin_client(admin_user)
+    try:
+        response = client.post(f"/admin/jobs/virtualcluster/{first.pk}/change/", {
+            "name": first.name, "capacity": "80", "description": ""})
+        assert response.status_code == 200
+        assert "capacity" in response.context["adminform"].form.errors
+        first.refresh_from_db()
+        assert first.capacity == 0.0
+        response = client.post(f"/admin/jobs/virtualcluster/{first.pk}/change/", {
+            "name": first.name, "capacity": "20", "description": ""})
+        assert response.status_code == 302
+        first.refresh_from_db()
+        assert first.capacity == 20.0
+    finally:
+        VirtualCluster.objects.filter(pk__in=[first.pk, second.pk]).delete()
+        for pk, capacity in kept.items():
+            VirtualCluster.objects.filter(pk=pk).update(capacity=capacity)

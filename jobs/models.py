@@ -8,6 +8,7 @@ State changes go through jobs/services.py with conditional UPDATEs.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import timedelta
 
 from django.conf import settings
@@ -42,6 +43,17 @@ class User(AbstractUser):
 
     class Meta(AbstractUser.Meta):
         permissions = [("administer_portal", "Can administer the portal: every job, node, virtual cluster and user")]
+
+    def validate_unique(self, exclude: Collection[str] | None = None) -> None:
+        """Names are unique whatever their case, as PUT /user has them
+        (users.user_create): the command line and the Django admin's user
+        page check here. Two accounts "alice" and "Alice" would share one
+        login throttle and look alike in every list."""
+        super().validate_unique(exclude)
+        if exclude and "username" in exclude:
+            return
+        if User.objects.filter(username__iexact=self.username).exclude(pk=self.pk).exists():
+            raise ValidationError({"username": "A user with that username already exists (in another case)."})
 
     @property
     def is_admin(self) -> bool:

@@ -117,3 +117,26 @@ def test_the_django_admin_refuses_shares_over_the_whole_cluster_naming_the_field
         VirtualCluster.objects.filter(pk__in=[first.pk, second.pk]).delete()
         for pk, capacity in kept.items():
             VirtualCluster.objects.filter(pk=pk).update(capacity=capacity)
+
+
+def test_no_way_in_makes_a_second_user_whose_name_differs_only_in_case(admin_user, alice, bob):
+    """PUT /user refuses "ALICE" beside "alice" (ConflictUserError); the
+    command line and the Django admin's user page must too, or two
+    accounts share one login throttle and one name in every list."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("createuser", alice.username.upper(), "--generate-password")
+    assert User.objects.filter(username__iexact=alice.username).count() == 1
+    client = _admin_client(admin_user)
+    page = client.get(f"/admin/jobs/user/{bob.pk}/change/")
+    form = page.context["adminform"].form
+    data = {name: value for name, value in form.initial.items() if value is not None and name not in
+            ("password", "groups", "user_permissions", "last_login", "date_joined")}
+    data.update({"username": alice.username.upper(), "date_joined_0": "2024-01-01", "date_joined_1": "00:00:00"})
+    response = client.post(f"/admin/jobs/user/{bob.pk}/change/", data)
+    assert response.status_code == 200
+    assert "username" in response.context["adminform"].form.errors
+    bob.refresh_from_db()
+    assert bob.username != alice.username.upper()

@@ -140,3 +140,30 @@ def test_no_way_in_makes_a_second_user_whose_name_differs_only_in_case(admin_use
     assert "username" in response.context["adminform"].form.errors
     bob.refresh_from_db()
     assert bob.username != alice.username.upper()
+
+
+def test_a_virtual_cluster_made_while_the_usage_is_read_is_shown_next_time_not_a_500(alice):
+    # vc_usage reads the virtual clusters for the quotas and then again for
+    # the list: one made between the two reads had no quota (a KeyError).
+    from django.db import connection
+
+    from jobs.models import VirtualCluster
+    from jobs.services import vc_usage
+
+    made: list[VirtualCluster] = []
+
+    def an_admin_adds_one_meanwhile(execute, sql, params, many, context):
+        if not made and "jobs_gpuallocation" in sql:  # the quotas' last read, after their virtual clusters
+            made.append(VirtualCluster.objects.create(name=f"meanwhile{alice.pk}", capacity=0))
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(an_admin_adds_one_meanwhile):
+            names = [usage.name for usage in vc_usage()]
+        assert made and "default" in names
+        assert made[0].name in [usage.name for usage in vc_usage()]
+    finally:
+        VirtualCluster.objects.filter(pk__in=[vc.pk for vc in made]).delete()
+    client = Client()
+    client.force_login(alice)
+    assert client.get("/virtual-clusters/").status_code == 200

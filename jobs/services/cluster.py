@@ -63,7 +63,9 @@ def vc_usage(*, states: list[scheduler.NodeState] | None = None) -> list[VcUsage
     }
     result = []
     for vc in vcs:
-        q = quota[vc.name]
+        q = quota.get(vc.name)
+        if q is None:
+            continue  # made since the quotas were read: shown on the next look
         running = counts.get((vc.name, State.RUNNING), 0) + counts.get((vc.name, State.STOPPING), 0)
         result.append(VcUsage(
             name=vc.name, description=vc.description, capacity=_capacity(vc, vcs), running_jobs=running,

@@ -223,8 +223,22 @@ admin.site.register(PortAllocation)
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are made by their users (the Profile page, the API), who alone
+    see the secret. Here only the label changes, and a token can be revoked
+    (the action): a staff user allowed to change tokens moved their own,
+    whose secret they hold, to a superuser, extended it, or revived one."""
+
     list_display = ("prefix", "user", "label", "created_at", "expires_at", "revoked_at", "last_used_at")
-    readonly_fields = ("key_hash", "prefix")
+    readonly_fields = ("key_hash", "prefix", "user", "created_at", "expires_at", "last_used_at", "revoked_at")
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected tokens", permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = sum(tokens.token_revoke(token=token) for token in queryset)
+        self.message_user(request, f"Revoked {revoked} token(s).")
 
 
 @admin.register(SshKey)

@@ -4,10 +4,14 @@ own rules refuse. Through Django's test client, on the test database."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from jobs.models import Job, User
+from jobs.services import tokens
 from tests.helpers import config, role, submit
 
 
@@ -167,3 +171,44 @@ def test_a_virtual_cluster_made_while_the_usage_is_read_is_shown_next_time_not_a
     client = Client()
     client.force_login(alice)
     assert client.get("/virtual-clusters/").status_code == 200
+
+
+def test_a_staff_user_allowed_to_change_tokens_cannot_move_one_to_another_user_or_revive_it(make_user, admin_user):
+    # A staff user given "change api token" (not the portal-admin right)
+    # moved their own token, whose secret they hold, to a superuser.
+    from django.contrib.auth.models import Permission
+
+    from jobs.models import ApiToken
+
+    staff = make_user("tokenstaff", password="Staff-pass-for-review-1")
+    User.objects.filter(pk=staff.pk).update(is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=("change_apitoken", "view_apitoken")))
+    made = tokens.token_create(user=staff, lifetime=timedelta(hours=1))
+    client = _admin_client(User.objects.get(pk=staff.pk))
+    page = client.get(f"/admin/jobs/apitoken/{made.token.pk}/change/")
+    assert page.status_code == 200
+    client.post(f"/admin/jobs/apitoken/{made.token.pk}/change/", {
+        "user": admin_user.pk, "label": "moved", "created_at_0": "2026-01-01", "created_at_1": "00:00:00",
+        "expires_at_0": "2099-01-01", "expires_at_1": "00:00:00"})
+    token = ApiToken.objects.get(pk=made.token.pk)
+    assert token.user_id == staff.pk and token.expires_at < timezone.now() + timedelta(hours=2)
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {made.key}"}
+    assert Client().get(f"/api/v1/user/{admin_user.username}/", **bearer).status_code in (403, 404)
+    # Revoked for good: no way back through the admin.
+    tokens.token_revoke(token=token)
+    client.post(f"/admin/jobs/apitoken/{made.token.pk}/change/", {"user": staff.pk, "label": "back",
+                                                                   "revoked_at_0": "", "revoked_at_1": ""})
+    assert ApiToken.objects.get(pk=made.token.pk).revoked_at is not None
+    assert Client().get(f"/admin/jobs/apitoken/{made.token.pk}/change/").status_code == 302  # anonymous: to login
+
+
+def test_the_django_admin_revokes_tokens_by_its_action(admin_user, alice):
+    from jobs.models import ApiToken
+
+    made = tokens.token_create(user=alice, lifetime=timedelta(hours=1))
+    response = _admin_client(admin_user).post("/admin/jobs/apitoken/", {
+        "action": "revoke", "_selected_action": [made.token.pk]})
+    assert response.status_code == 302
+    assert ApiToken.objects.get(pk=made.token.pk).revoked_at is not None
+    assert Client().get(f"/api/v1/user/{alice.username}", HTTP_AUTHORIZATION=f"Bearer {made.key}").status_code == 401
+    assert _admin_client(alice).post("/admin/jobs/apitoken/", {"action": "revoke"}).status_code == 302  # to login

@@ -25,7 +25,9 @@ from jobs.webports.forward_http import job_tls_context
 from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_socket
 
 RECHECK_SECONDS = 5.0
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # uvicorn's own limit for messages from browsers
+# A message from the job (uvicorn's default bound; the browser's to the job
+# are bounded by the portal's workers, WS_MAX_MESSAGE_BYTES in portal/workers.py).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # Frames of the job's read ahead of the browser. websockets' default, 16,
 # let a browser that takes nothing make the portal hold 16 messages of up
 # to MAX_MESSAGE_BYTES each; with 1 it stops reading past one or two.

@@ -316,3 +316,32 @@ def test_it_holds_few_of_a_jobs_websocket_messages_for_a_browser_that_reads_none
     finally:
         forwarder.stop()
         app.close()
+
+
+def test_it_answers_504_when_the_job_takes_none_of_a_request_body(web_task, monkeypatch):
+    # The proxy waited on the job to take the body with no time limit: a job
+    # that reads none held the browser's connection, and the node
+    # forwarder's, for as long as the task ran, gone browser or not.
+    from jobs.webports import forward_http
+
+    monkeypatch.setattr(forward_http, "STALLED_SEND_SECONDS", 1.0)
+    release = threading.Event()
+    task = web_task(lambda request: (release.wait(60), b"")[1])
+    size = 256 * 1024 * 1024
+    with socket.create_connection(task.portal, timeout=30) as sock:
+        sock.sendall(f"POST /up HTTP/1.1\r\nHost: {task.host}\r\nCookie: {task.cookie}\r\n"
+                     f"Content-Length: {size}\r\n\r\n".encode())
+
+        def send_body() -> None:
+            piece = b"x" * (1 << 20)
+            with contextlib.suppress(OSError):
+                for _ in range(size // len(piece)):
+                    sock.sendall(piece)
+
+        threading.Thread(target=send_body, daemon=True).start()
+        started = time.monotonic()
+        answer = sock.recv(65536)
+        release.set()
+    assert answer.startswith(b"HTTP/1.1 504"), answer[:200]
+    assert b"took none of the request" in answer
+    assert time.monotonic() - started < 20

@@ -22,6 +22,11 @@ from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_sock
 from portal.http_bridge import ABORT_EXTENSION
 
 READ_BYTES = 64 * 1024
+# How long a job may take none of a request's body before the proxy gives
+# up with a 504: while it waits, nothing tells whether the browser is still
+# there, and the connection (and the node forwarder's) would be held for as
+# long as the task ran.
+STALLED_SEND_SECONDS = 300.0
 
 
 def job_tls_context() -> ssl.SSLContext:
@@ -45,6 +50,10 @@ class _ClientGone(Exception):
     pass
 
 
+class _JobStalled(Exception):
+    pass
+
+
 async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: WebPortTarget) -> None:
     try:
         sock = await open_task_socket(target)
@@ -64,6 +73,8 @@ async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: W
         await _exchange(scope, receive, send, reader, writer)
     except _ClientGone:
         pass
+    except _JobStalled:
+        await plain_response(send, 504, f"The task's web port took none of the request for {STALLED_SEND_SECONDS:.0f} s.")
     except (OSError, h11.LocalProtocolError):  # the job hung up on the request
         with contextlib.suppress(Exception):  # unless the response had started
             await plain_response(send, 502, "The task's web port closed the connection.")
@@ -108,14 +119,21 @@ async def _send_request(scope: dict[str, Any], receive: Any, upstream: h11.Conne
     while True:
         if message.get("body"):
             writer.write(upstream.send(h11.Data(data=message["body"])))
-            await writer.drain()
+            await _drain(writer)
         if not message.get("more_body", False):
             break
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
     writer.write(upstream.send(h11.EndOfMessage()))
-    await writer.drain()
+    await _drain(writer)
+
+
+async def _drain(writer: asyncio.StreamWriter) -> None:
+    try:
+        await asyncio.wait_for(writer.drain(), STALLED_SEND_SECONDS)
+    except asyncio.TimeoutError:
+        raise _JobStalled from None
 
 
 def _drop_client(scope: dict[str, Any]) -> None:

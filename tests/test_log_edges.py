@@ -74,3 +74,36 @@ def test_each_job_attempts_container_log_reads_that_attempts_log(alice):
         log = _json(client.get(url.removeprefix("http://testserver")))
         assert log["attempt"] == body["attemptIndex"]
         assert log["lines"] == [f"printed by attempt {body['attemptIndex']}"]
+
+
+def test_a_log_page_holds_at_most_a_megabyte_of_text_and_says_there_is_more(alice, bob):
+    # Lines may be 64K characters (LOG_MAX_LINE_CHARS): a tail poll of 1,000
+    # of them, or an API page of 5,000, was tens of MB held by a worker.
+    from django.test import Client
+
+    from jobs import logs
+
+    job = _job(alice, "long_lines", tasks=1, retries=0, placed=1)
+    attempt = TaskAttempt.objects.get(job=job)
+    LogLine.objects.bulk_create(LogLine(attempt=attempt, stream=Stream.STDOUT, seq=seq, text=f"{seq:05d}" + "x" * 65531)
+                                for seq in range(64))
+    page = logs.read_lines(attempt.pk, Stream.STDOUT, limit=1000)
+    assert len(page.lines) == logs.PAGE_CHARS // 65536 and page.more
+    assert page.next_cursor == page.lines[-1][0] == len(page.lines) - 1
+    client = _api(alice)
+    path = f"/api/v1/user/{alice.username}/jobs/{job.name}/tasks/main/0/log"
+    seen, after = [], -1
+    while True:
+        body = _json(client.get(path, {"after": after, "limit": 5000}))
+        assert sum(map(len, body["lines"])) <= logs.PAGE_CHARS
+        seen += body["lines"]
+        after = body["next"]
+        if not body["more"]:
+            break
+    assert [int(line[:5]) for line in seen] == list(range(64))  # every line once, in order
+    browser = Client()
+    browser.force_login(alice)
+    tail = browser.get(f"/jobs/{job.pk}/logs/{attempt.pk}/stdout/", {"after": -1})
+    assert tail.status_code == 200 and len(tail.content) < 2 * logs.PAGE_CHARS and b'data-more="1"' in tail.content
+    assert _api(bob).get(path).status_code == 404 and Client().get(path).status_code == 401
+

@@ -61,7 +61,7 @@ def log_tail(request: HttpRequest, job_id: int, attempt_id: int, stream: str) ->
         "lines": [(seq + 1, seq, text) for seq, text in page.lines],
         "first_seq": page.lines[0][0] if page.lines else after + 1,
         "next_cursor": page.next_cursor,
-        "more": len(page.lines) >= PAGE_LINES,
+        "more": page.more,
         "final": attempt.state in FINAL_TASK_STATES,
     })
 

@@ -98,15 +98,15 @@ def _log(request: HttpRequest, username: str, name: str, role: str, index: str) 
     if attempt is None:
         return ok({"attempt": None, "taskState": "WAITING", "stream": stream_name, "lines": [], "next": after,
                    "more": False, "truncated": False})
-    page = read_lines(attempt.pk, STREAMS[stream_name], after=after, limit=limit + 1)
-    rows = page.lines[:limit]
+    page = read_lines(attempt.pk, STREAMS[stream_name], after=after, limit=limit)
+    rows = page.lines
     return ok({
         "attempt": attempt.number,
         "taskState": serializers.API_TASK_STATE.get(attempt.state, attempt.state),
         "stream": stream_name,
         "lines": [text for _seq, text in rows],
         "next": rows[-1][0] if rows else after,
-        "more": len(page.lines) > limit,
+        "more": page.more,
         "truncated": page.truncated,
     })
 

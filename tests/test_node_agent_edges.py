@@ -226,3 +226,29 @@ def test_it_uploads_the_output_of_a_task_that_ended_on_its_own(alice, node, engi
         assert stream.read() == b"42\n"
     attempt.refresh_from_db()
     assert attempt.state == TaskState.SUCCEEDED
+
+
+# ------------------------------------- a lost node whose agent restarts
+
+def test_a_lost_node_stays_lost_when_its_agent_registers_until_nothing_given_up_runs_there(alice, node, engine):
+    # Registering set a lost node READY at once, before the agent's first
+    # reconciliation had stopped the containers of the tasks given up while
+    # it was away: a pass could hand their GPUs and ports out meanwhile.
+    attempt = placed_attempt(alice, node)
+    assert services.attempt_claim_launch(attempt.pk)
+    left = left_behind(engine, attempt, node, command="sleep 600")
+    engine.api.start(left)  # still running, as it was when the node was cut off
+    assert services.attempt_mark_running(attempt.pk, container_id=left)
+    services.attempt_record_exit(attempt.pk, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="node lost"))
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.LOST)
+    info = services.NodeInfo(name=node.name, address=node.address, docker_host=node.docker_host, engine_id="",
+                             cpus=node.cpus, memory_mb=node.memory_mb, gpus=node.gpus, gpus_simulated=True,
+                             port_start=node.port_start, port_end=node.port_end)
+
+    assert services.node_register(info).status == Node.Status.LOST
+    agent = restarted_agent(node, engine)
+    assert not agent._runs_no_orphan()
+    engine.api.kill(left)  # what the reconciliation's stop of the orphan comes to
+    assert agent._runs_no_orphan()
+    assert services.node_heartbeat(node.pk, back_ready=agent._runs_no_orphan)
+    assert Node.objects.get(pk=node.pk).status == Node.Status.READY

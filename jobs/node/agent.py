@@ -165,6 +165,9 @@ class NodeAgent:
         self.follower.start()
         self.web_forward.start()
         self.reconcile(fresh_start=True)
+        # Ready now if it was lost and nothing given up runs here any more
+        # (the reconciliation stopped it), not a heartbeat later.
+        services.node_heartbeat(node.pk, back_ready=self._runs_no_orphan)
         for target, name in ((self._heartbeat_loop, "heartbeat"), (self._reconcile_loop, "reconcile")):
             threading.Thread(target=target, name=name, daemon=True).start()
         # CPU, memory and GPU use of the node's running tasks (usage.py).

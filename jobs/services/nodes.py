@@ -79,7 +79,10 @@ def node_address_warning() -> str | None:
 
 
 def node_register(info: NodeInfo) -> Node:
-    """Create or update the node row; a lost node that comes back is ready."""
+    """Create or update the node row. A lost node stays lost: the agent's
+    first reconciliation stops the containers of tasks given up while it
+    was away, and then its heartbeat (node_heartbeat) makes the node ready;
+    ready at once, a pass could hand out what those still held."""
     values = {
         "address": info.address, "docker_host": info.docker_host, "engine_id": info.engine_id,
         "cpus": info.cpus, "memory_mb": info.memory_mb, "gpus": info.gpus, "gpus_simulated": info.gpus_simulated,
@@ -87,8 +90,6 @@ def node_register(info: NodeInfo) -> Node:
         "agent_host": info.agent_host, "last_heartbeat": timezone.now(), "engine_marker": info.engine_marker,
     }
     node, created = Node.objects.update_or_create(name=info.name, defaults=values)
-    Node.objects.filter(pk=node.pk, status=Node.Status.LOST).update(status=Node.Status.READY)
-    node.refresh_from_db()
     return node
 
 

@@ -265,6 +265,23 @@ def test_it_imports_and_exports_a_file(page, alice, cluster, tmp_path: Path):
     assert json.loads(Path(download.value.path()).read_text()) == expected
 
 
+def test_it_refuses_to_import_a_file_that_is_not_utf8_text(page, alice, cluster, tmp_path: Path):
+    # FileReader.readAsText turned bytes that are not UTF-8 into U+FFFD
+    # without a word, so a Latin-1 file came in quietly changed; the API
+    # refuses such a file ("not UTF-8 text"), and so does the page now.
+    upload = tmp_path / "latin1.json"
+    upload.write_bytes(json.dumps(config("caf\u00e9", role())).encode("latin-1"))
+    open_submit(page, alice)
+    before = field(page, "jobName").input_value()
+    with page.expect_file_chooser() as chooser:
+        page.get_by_role("button", name="Import file").click()
+    chooser.value.set_files(upload)
+    expect(page.locator("#json-problems")).to_contain_text("latin1.json is not UTF-8 text")
+    assert "\ufffd" not in page.locator("#json-box").input_value()
+    page.keyboard.press("Escape")
+    expect(field(page, "jobName")).to_have_value(before)
+
+
 # -------------------------------------------------------------------- clone
 
 

@@ -812,12 +812,20 @@
     }
     var reader = new FileReader();
     reader.onload = function () {
-      var text = String(reader.result).replace(/^\ufeff/, "");
+      // Read as bytes and decoded strictly: readAsText would turn what is
+      // not UTF-8 into U+FFFD without a word (the API refuses such a file).
+      var text;
+      try {
+        text = new TextDecoder("utf-8", { fatal: true }).decode(reader.result).replace(/^\ufeff/, "");
+      } catch (error) {
+        openJson("", [{ path: "", message: file.name + " is not UTF-8 text; save it as UTF-8 and import it again" }]);
+        return;
+      }
       openJson(text, []);
       loadText(text, "Imported " + file.name + ".");
     };
     reader.onerror = function () { openJson("", [{ path: "", message: "could not read " + file.name }]); };
-    reader.readAsText(file);
+    reader.readAsArrayBuffer(file);
   });
 
   function download(text, protocol) {

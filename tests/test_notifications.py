@@ -755,6 +755,9 @@ def test_the_profile_page_sets_and_removes_a_webhook(alice):
     bad = client.post("/profile/notifications/webhook/", {"url": "http://10.0.0.1/x", "secret": ""}, follow=True)
     assert "outside the networks webhooks may reach" in bad.content.decode()
     assert NotificationSettings.objects.get(user=alice).webhook_url == "https://hooks.example.org/y"
+    # The refused URL comes back in the box to be mended (once), not lost.
+    assert 'value="http://10.0.0.1/x"' in bad.content.decode()
+    assert 'value="https://hooks.example.org/y"' in client.get("/profile/").content.decode()
 
     client.post("/profile/notifications/webhook/delete/")
     assert NotificationSettings.objects.get(user=alice).webhook_url == ""

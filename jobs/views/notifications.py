@@ -20,6 +20,10 @@ _BADGE = {Status.PENDING: "warn", Status.SENDING: "warn", Status.RETRYING: "warn
           Status.FAILED: "bad", Status.REFUSED: "bad"}
 
 
+# A refused webhook URL, shown once more in its box to be mended.
+WEBHOOK_DRAFT = "webhook_url_draft"
+
+
 def _back() -> HttpResponse:
     return redirect(reverse("jobs:profile") + "#notifications")
 
@@ -31,6 +35,7 @@ def webhook_save(request: HttpRequest) -> HttpResponse:
     try:
         notifications.webhook_set(user=request.user, url=url, secret=secret)
     except notifications.NotificationError as exc:
+        request.session[WEBHOOK_DRAFT] = url[:2000]
         messages.error(request, f"The webhook was not saved: {exc.field}: {exc.message}.")
     else:
         messages.success(request, "Saved the webhook: your jobs' state changes are posted to it.")
@@ -57,8 +62,11 @@ def notifications_panel_context(request: HttpRequest) -> dict:
     """What templates/jobs/partials/profile_notifications.html shows."""
     row = notifications.settings_for(request.user)
     email_states = set(row.email_states) if row else set()
+    saved = row.webhook_url if row else ""
+    draft = request.session.pop(WEBHOOK_DRAFT, None)
     return {
-        "webhook_url": row.webhook_url if row else "",
+        "webhook_url": saved,
+        "webhook_url_typed": saved if draft is None else draft,
         "secret_min": notifications.SECRET_MIN_LENGTH,
         "email_configured": notifications.email_configured(),
         "email_address": request.user.email,

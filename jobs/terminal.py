@@ -183,8 +183,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         """The shell cannot take input (the stream broke, or it stalled; the
         shell may live on: disconnect hangs it up). Say so once, and close,
         rather than drop input."""
-        if self.end_reason == reason:
-            return
+        if self.writer is None:
+            return  # input was off already: the first reason stands (a revoke's, the task's end)
         self.end_reason = reason
         # No more input goes anywhere: messages the client sent meanwhile
         # are dropped at once, so its goodbye (and the hang-up) comes soon.
@@ -246,6 +246,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         # consumer: drop the stream now rather than flush it.
         if self.writer is not None:
             self.writer.transport.abort()
+            self.writer = None  # input queued meanwhile is dropped, and cannot re-word the end
         await self.send(text_data=json.dumps({"type": "error", "message": reason}))
         code = CLOSE_SIGNED_OUT if reason == terminals.SIGNED_OUT else CLOSE_FORBIDDEN
         await self.close(code=code)
@@ -253,6 +254,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def _task_ended(self) -> None:
         self.end_reason = "the task ended"
         self.shell_pid = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
         await self.send(text_data=json.dumps({"type": "error", "message": "the task has ended"}))
         await self.close(code=CLOSE_TASK_ENDED)
 

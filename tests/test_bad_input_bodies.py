@@ -251,6 +251,7 @@ def _validate(user, **data: str) -> dict:
     ({"description: fine": 'description: fine\nsecrets: {a: "\\ud800"}'}, "surrogate pair"),
     ({"description: fine": "description: a\x01b"}, "unacceptable character #x0001"),
     ({"description: fine": "description: \ufffe"}, "unacceptable character #xfffe"),
+    ({"description: fine": "description: a\x00b"}, "may not contain the NUL character"),
 ])
 def test_the_live_check_and_submit_name_text_a_v2_config_cannot_keep(alice, replace, path_words):
     text = _v2("NAME", "VC", **replace).replace("NAME", unique("v2page")).replace("VC", "default")

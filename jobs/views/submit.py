@@ -54,10 +54,8 @@ def _clone_text(request: HttpRequest, job_id: str) -> str:
 def _submit_posted(request: HttpRequest) -> HttpResponse:
     form = forms.SubmitForm(request.POST)
     if not form.is_valid():
-        # Only an oversized paste gets here: say why, keep the text.
-        check = submit_draft.DraftCheck(text=request.POST.get("config", ""), problems=[
-            SpecProblem("", " ".join(str(e) for errors in form.errors.values() for e in errors))
-        ])
+        # Only an oversized paste, or one holding a NUL, gets here: say why, keep the text.
+        check = submit_draft.DraftCheck(text=request.POST.get("config", ""), problems=[forms.refusal(form)])
         return _render(request, check, mode="form" if request.POST.get("mode") == "form" else "json")
     text, mode = form.cleaned_data["config"], form.cleaned_data["mode"] or "json"
     try:
@@ -114,10 +112,9 @@ def validate(request: HttpRequest) -> JsonResponse:
     if form.is_valid() and request.POST.get("form"):  # a v2 draft edited in the form: its YAML, from the fields
         text, cannot = submit_draft.form_text(request.POST["form"])
     if not form.is_valid() or text is None:
-        message = " ".join(str(e) for errors in form.errors.values() for e in errors) or \
-            f"v2 has no place for {', '.join(cannot)}"
+        problem = forms.refusal(form) if not form.is_valid() else SpecProblem("", f"v2 has no place for {', '.join(cannot)}")
         return JsonResponse({"syntaxOk": False, "value": None, "warnings": [], "panel": "",
-                             "problems": [SpecProblem("", message).as_dict()]})
+                             "problems": [problem.as_dict()]})
     check = submit_draft.check_draft(user=request.user, text=text)
     panel = submit_draft.vc_panel(request.user, check)
     body = check.as_json()

@@ -180,3 +180,19 @@ def test_it_drops_a_deleted_tasks_notes_and_keeps_the_rest(attempt, alice, write
     assert one.barrier(timeout=60)
     assert stored(attempt, Stream.STDOUT) == [(0, "still stored")]
     assert not LogLine.objects.filter(attempt_id=other_id).exists()
+
+
+def test_a_stream_followed_again_resumes_after_the_lines_still_queued_for_it(attempt):
+    # A watcher that failed is replaced by reconciliation while its lines
+    # wait for the writer: the new follower's cursor, read before they were
+    # committed, made it store them a second time.
+    one = LogWriter(flush_seconds=30)  # nothing written before a barrier or a full batch
+    one.start()
+    try:
+        one.open(attempt.pk, Stream.STDOUT)
+        one.add(attempt.pk, Stream.STDOUT, ["first", "second"], (1_000, 2))
+        again = one.open(attempt.pk, Stream.STDOUT)
+        assert (again.last_ts_ns, again.count_at_ts, again.next_seq) == (1_000, 2, 2)
+        assert stored(attempt, Stream.STDOUT) == [(0, "first"), (1, "second")]
+    finally:
+        one.stop()

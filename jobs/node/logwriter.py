@@ -218,6 +218,13 @@ class LogWriter:
 
     def open(self, attempt_id: int, stream: int) -> LogCursor:
         """The stored cursor of a stream (made if missing), before following it."""
+        with self._lock:
+            followed_before = (attempt_id, stream) in self._states
+        if followed_before:
+            # Followed again (a watcher replaced): lines its follower handed
+            # over may still wait here, and the cursor read below must come
+            # after them, or the new follower stores them a second time.
+            self.barrier()
         cursor, _ = LogCursor.objects.get_or_create(attempt_id=attempt_id, stream=stream)
         with self._lock:
             self._states[(attempt_id, stream)] = _StreamState(

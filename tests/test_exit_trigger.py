@@ -191,8 +191,10 @@ def test_each_attempt_of_a_retried_job_keeps_its_own_trigger(alice, node):
     assert exit_(first["main-1"], 3)
     first_trigger = ("minFailedTaskCount 1 of role main reached: 1 task failed", "main", 1)
     assert trigger_of(attempt(job, 1)) == first_trigger
-    # The job waits for its retry: it has not ended, so it names no trigger.
-    assert fresh(job).state == State.WAITING
+    # The job waits for its retry (or a pass of the test cluster's agents,
+    # which any pass may be, has placed it already): it has not ended, so
+    # it names no trigger.
+    assert fresh(job).state in (State.WAITING, State.RUNNING)
     assert trigger_of(job) == trigger_of(attempt(job, 2)) == (None, None, None)
 
     second = start(job)

@@ -8,6 +8,7 @@ container.)"""
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 import json
 import socket
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 import uvicorn
 from django.test import Client
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
@@ -74,9 +76,11 @@ def _running_attempt(owner, node: Node, *, ports: dict[str, list[int]]) -> TaskA
 @pytest.fixture
 def node() -> Iterator[Node]:
     """A node nothing is placed on, whose engine is the test's."""
+    # Its heartbeat an hour ahead: the test cluster's agents, which look for
+    # lost nodes, would otherwise give its tasks up mid-test (a 403 then).
     made = Node.objects.create(name=f"rev-{uuid.uuid4().hex[:8]}", address="127.0.0.2",
                                docker_host=f"{ENGINE_SCHEME}://{uuid.uuid4().hex[:8]}", cpus=1, memory_mb=1,
-                               schedulable=False)
+                               schedulable=False, last_heartbeat=timezone.now() + timedelta(hours=1))
     yield made
     TaskAttempt.objects.filter(node=made).update(state=TaskState.SUCCEEDED)
 

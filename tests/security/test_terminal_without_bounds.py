@@ -91,7 +91,8 @@ def test_it_keeps_a_shell_open_after_input_it_cannot_read_and_closes_it_as_usual
     with _ready_shell(base, attempt.pk, login(base, alice)) as shell:
         shell.send('{"type": "input", "data": "\\ud800"}')
         shell.send("[" * 100_000)
-        shell.send(json.dumps({"type": "input", "data": "echo after-$((6*7))\r"}))
+        # The surrogate reached the shell as "?": a line of its own first.
+        shell.send(json.dumps({"type": "input", "data": "\recho after-$((6*7))\r"}))
         seen = b""
         while b"after-42" not in seen:
             seen += shell.recv(timeout=10)

@@ -271,7 +271,10 @@ def task_samples(attempt_id: int, *, since: datetime | None = None, limit: int =
         newest = list(rows.order_by("-at")[:limit])
         newest.reverse()
         return newest
-    next_millisecond = since.replace(microsecond=since.microsecond // 1000 * 1000) + timedelta(milliseconds=1)
+    try:
+        next_millisecond = since.replace(microsecond=since.microsecond // 1000 * 1000) + timedelta(milliseconds=1)
+    except OverflowError:  # since is in the last millisecond of the year 9999: nothing comes after it
+        return []
     return list(rows.filter(at__gte=next_millisecond).order_by("at")[:limit])
 
 

@@ -4,10 +4,17 @@ jobs/api/views/usage.py)."""
 
 from __future__ import annotations
 
-import pytest
+import uuid
+from datetime import timedelta
 
-from jobs.models import TaskUsage
-from tests.test_usage import node, running_tasks  # noqa: F401  (fixture)
+import pytest
+from django.utils import timezone
+
+from jobs import services
+from jobs.models import ExitType, Node, NotificationDelivery, TaskUsage
+from jobs.services import usage
+from jobs.services.lifecycle import ContainerExit
+from tests.test_usage import gpu_samples, node, running_tasks  # noqa: F401  (fixture)
 from tests.test_usage_api import logged_in, v1_url, v2_url
 
 
@@ -23,3 +30,29 @@ def test_since_at_the_last_millisecond_a_time_can_hold_gives_no_samples_not_a_50
             assert (body.get("samples") if "samples" in body else body["tasks"][0]["samples"]) == []
     finally:
         TaskUsage.objects.filter(attempt=attempt).delete()
+
+
+def test_a_flag_left_by_a_task_that_ended_on_a_lost_node_is_never_told(alice, node, settings):  # noqa: F811
+    """Flags are told by any agent's check, and only the task's own node
+    removes its flag: a task flagged under IDLE_GPU_POLICY=flag whose node
+    was lost keeps its flag, and the first check after a switch to notify
+    told its owner about a task that had ended."""
+    settings.IDLE_GPU_MINUTES, settings.IDLE_GPU_PERCENT, settings.IDLE_GPU_POLICY = 10, 5, "flag"
+    settings.PAI_INSTANCE = f"pai-test-usage-{uuid.uuid4().hex[:8]}"  # a notify queue no agent serves
+    settings.EMAIL_HOST, settings.EMAIL_BACKEND = "smtp.invalid", "django.core.mail.backends.locmem.EmailBackend"
+    alice.email = f"{alice.username}@example.org"
+    alice.save(update_fields=["email"])
+    (attempt,) = running_tasks(alice, node, 1)
+    now = timezone.now()
+    other = Node.objects.create(name=f"t-usage-other-{uuid.uuid4().hex[:8]}", address="other.invalid", cpus=1,
+                                memory_mb=1000, gpus=[], port_start=40200, port_end=40201)
+    try:
+        gpu_samples(attempt, minutes=11, util=0, end=now)
+        assert usage.idle_gpus_check(node_id=node.pk, now=now) == [attempt.pk]
+        services.attempt_record_exit(attempt.pk, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="node lost"))
+        settings.IDLE_GPU_POLICY = "notify"
+        usage.idle_gpus_check(node_id=other.pk, now=now + timedelta(minutes=1))
+        assert not NotificationDelivery.objects.filter(user=alice, payload__event="idleGpus").exists()
+    finally:
+        TaskUsage.objects.filter(attempt=attempt).delete()
+        other.delete()

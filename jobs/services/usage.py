@@ -216,11 +216,15 @@ def stop_deadline(flag: IdleGpus) -> datetime | None:
 
 def _notify_idle(now: datetime) -> None:
     stop_at = now + _stop_grace() if settings.IDLE_GPU_POLICY == "stop" else None
-    for flag in IdleGpus.objects.filter(notified_at__isnull=True).select_related("attempt__task", "attempt__job__owner"):
+    # Running tasks only: any agent's check tells every flag, but only the
+    # task's own node removes it, so a task that ended on a lost node keeps
+    # a flag (made under IDLE_GPU_POLICY=flag) nobody must be told about.
+    untold = IdleGpus.objects.filter(notified_at__isnull=True, attempt__state=TaskState.RUNNING)
+    for flag in untold.select_related("attempt__task", "attempt__job__owner"):
         # Claimed first: two agents never tell the owner twice. The claim's
         # time is the one stop_deadline counts from, so the notice and the
         # pages give the same moment.
-        if IdleGpus.objects.filter(pk=flag.pk, notified_at__isnull=True).update(notified_at=now) == 1:
+        if untold.filter(pk=flag.pk).update(notified_at=now) == 1:
             notifications.idle_gpus_notify(attempt=flag.attempt, since=flag.since, stop_at=stop_at)
 
 

@@ -5,14 +5,14 @@ jobs/api/views/usage.py)."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.utils import timezone
 
 from jobs import services
 from jobs.models import ExitType, Node, NotificationDelivery, TaskUsage
-from jobs.services import usage
+from jobs.services import dashboard, usage
 from jobs.services.lifecycle import ContainerExit
 from tests.test_usage import gpu_samples, node, running_tasks  # noqa: F401  (fixture)
 from tests.test_usage_api import logged_in, v1_url, v2_url
@@ -56,3 +56,21 @@ def test_a_flag_left_by_a_task_that_ended_on_a_lost_node_is_never_told(alice, no
     finally:
         TaskUsage.objects.filter(attempt=attempt).delete()
         other.delete()
+
+
+def test_the_dashboards_bucket_holding_now_averages_cpu_and_memory_over_its_time_so_far(alice, node):  # noqa: F811
+    """Two tasks using 2 cores and 1 GiB each for the 150 s of the current
+    5-minute bucket so far use 4 cores and 2 GiB: the bucket was averaged
+    over all its 300 s, half of them still to come, and the graphs always
+    ended in a dip to half (or less) of what was in use."""
+    attempts = running_tasks(alice, node, 2)
+    start = datetime(2020, 1, 6, 10, 0, tzinfo=UTC)  # a window no other test writes samples in
+    now = start + timedelta(seconds=150)
+    try:
+        usage.samples_record([usage.Sample(a.pk, start + timedelta(seconds=s), cpu_percent=200, memory_bytes=2**30)
+                              for a in attempts for s in range(0, 150, 5)])
+        figures = dashboard.cluster_over_time(hours=6, now=now)
+        assert figures["times"][-1] == start.timestamp()
+        assert (figures["cpuCores"][-1], figures["memoryGiB"][-1]) == (4.0, 2.0)
+    finally:
+        TaskUsage.objects.filter(attempt__in=attempts).delete()

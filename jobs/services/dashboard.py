@@ -106,20 +106,29 @@ def _gpus(buckets: Buckets, end: datetime) -> tuple[dict[str, list[int]], dict[s
     return _count_intervals(buckets, by_vc), {user: users[user] for user in sorted(top)}
 
 
-def _samples(buckets: Buckets, end: datetime) -> tuple[list[float], list[float]]:
-    """CPU cores and GiB of memory in use, averaged over each bucket."""
+def _bucket_seconds(buckets: Buckets, now: datetime) -> list[float]:
+    """The seconds of each bucket gone by at `now`: the whole step but for
+    the last one, which holds now and has samples only up to it."""
+    step = buckets.step.total_seconds()
+    return [min(step, max(1.0, (now - (buckets.start + i * buckets.step)).total_seconds()))
+            for i in range(buckets.count)]
+
+
+def _samples(buckets: Buckets, end: datetime, now: datetime) -> tuple[list[float], list[float]]:
+    """CPU cores and GiB of memory in use, averaged over each bucket (the
+    last one over its time so far)."""
     cores = [0.0] * buckets.count
     memory = [0.0] * buckets.count
-    bucket_seconds = buckets.step.total_seconds()
+    spans = _bucket_seconds(buckets, now)
     for averaged in (False, True):  # one query each, along the (averaged, at) index
         rows = (TaskUsage.objects.filter(averaged=averaged, at__gte=buckets.start, at__lt=end)
                 .annotate(minute=TruncMinute("at")).values_list("minute")
                 .annotate(cpu=Sum("cpu_percent"), mem=Sum("memory_bytes")))
-        weight = (60.0 if averaged else settings.USAGE_SAMPLE_SECONDS) / bucket_seconds
+        seconds = 60.0 if averaged else settings.USAGE_SAMPLE_SECONDS
         for minute, cpu, mem in rows:
             i = min(buckets.count - 1, int((minute - buckets.start) / buckets.step))
-            cores[i] += (cpu or 0.0) / 100.0 * weight
-            memory[i] += (mem or 0) / 2**30 * weight
+            cores[i] += (cpu or 0.0) / 100.0 * seconds / spans[i]
+            memory[i] += (mem or 0) / 2**30 * seconds / spans[i]
     return [round(c, 2) for c in cores], [round(m, 3) for m in memory]
 
 
@@ -141,7 +150,7 @@ def cluster_over_time(*, hours: int, vc_gpus: dict[str, int] | None = None,
     end = buckets.start + buckets.count * buckets.step
     waiting, running = _jobs(buckets, end)
     gpus_vc, gpus_user = _gpus(buckets, end)
-    cores, memory = _samples(buckets, end)
+    cores, memory = _samples(buckets, end, now)
     total = sum(len(node.gpus) for node in Node.objects.filter(status=Node.Status.READY).only("gpus"))
     free = {vc: [max(0, share - used) for used in gpus_vc.get(vc, [0] * buckets.count)]
             for vc, share in (vc_gpus or {}).items() if share}

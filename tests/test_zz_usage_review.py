@@ -13,8 +13,10 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import ExitType, Node, NotificationDelivery, TaskUsage
 from jobs.services import dashboard, usage
+from jobs.node.launcher import ContainerUsage
+from jobs.node.usage import UsageSampler
 from jobs.services.lifecycle import ContainerExit
-from tests.test_usage import gpu_samples, node, running_tasks  # noqa: F401  (fixture)
+from tests.test_usage import Ctx, gpu_samples, node, running_tasks  # noqa: F401  (fixture)
 from tests.test_usage_api import logged_in, v1_url, v2_url
 
 
@@ -74,3 +76,30 @@ def test_the_dashboards_bucket_holding_now_averages_cpu_and_memory_over_its_time
         assert (figures["cpuCores"][-1], figures["memoryGiB"][-1]) == (4.0, 2.0)
     finally:
         TaskUsage.objects.filter(attempt__in=attempts).delete()
+
+
+class CountersEngine:
+    """The engine's usage read (our launcher interface), giving each round's
+    CPU counter of every container: no Docker here, and the sampler's own
+    arithmetic is what is tested."""
+
+    def __init__(self, cpu_seconds: list[int]) -> None:
+        self.rounds = iter(cpu_seconds)
+
+    def usage(self, container_ids: list[str]) -> dict[str, ContainerUsage]:
+        cpu_ns = next(self.rounds) * 10**9
+        return {cid: ContainerUsage(cpu_ns, 1, 0, 0, 0, 0) for cid in container_ids}
+
+
+def test_a_cpu_counter_that_goes_back_gives_no_figure_that_round_not_a_made_up_zero(alice, node):  # noqa: F811
+    """A reset counter was stored as 0% CPU, a figure the task never had."""
+    (attempt,) = running_tasks(alice, node, 1)
+    ticks = iter(range(0, 100 * 10**9, 10**9))  # a round every second
+    sampler = UsageSampler(Ctx(node, CountersEngine([10, 12, 1, 3])), gpus=None, clock=lambda: next(ticks))
+    try:
+        for _ in range(4):
+            sampler.sample_round()
+        assert list(TaskUsage.objects.filter(attempt=attempt).order_by("at").values_list("cpu_percent", flat=True)) == [
+            200.0, 200.0]
+    finally:
+        TaskUsage.objects.filter(attempt=attempt).delete()

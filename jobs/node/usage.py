@@ -119,8 +119,8 @@ class UsageSampler:
                 continue
             before = self._last.get(task.attempt_id)
             self._last[task.attempt_id] = (now_ns, reading)
-            if before is None:
-                continue
+            if before is None or reading.cpu_ns < before[1].cpu_ns:
+                continue  # its first round, or a counter that went back: no CPU figure until the next one
             samples.append(usage.Sample(
                 attempt_id=task.attempt_id, at=at, cpu_percent=cpu_percent(before, (now_ns, reading)),
                 memory_bytes=reading.memory_bytes, network_rx_bytes=reading.network_rx_bytes,

@@ -149,8 +149,11 @@ def filters_from(params: QueryDict, *, viewer: User) -> JobFilters:
     sort = params.get("sort", DEFAULT_SORT)
     if sort.lstrip("-") not in SORTS:
         sort = DEFAULT_SORT
+    # A tag is matched as stored, spaces and all: REST v2 keeps " gpu " as
+    # given, and its link here must find the job, as tagsContain does.
+    tag = params.get("tag", "")
     return JobFilters(status=status, user=user, vc=params.get("vc", "").strip()[:64],
-                      q=params.get("q", "").strip()[:128], tag=params.get("tag", "").strip()[:JobTag.MAX_LENGTH],
+                      q=params.get("q", "").strip()[:128], tag=tag[:JobTag.MAX_LENGTH] if tag.strip() else "",
                       sort=sort)
 
 

@@ -1,0 +1,25 @@
+"""The job list, its tags and a job's page, from review: what a tag link,
+the list's summary line and its filters say must be the jobs they show.
+
+Jobs are rows made the way tests/test_pages.py makes them (no Docker).
+"""
+
+from __future__ import annotations
+
+from jobs.services import tags
+from tests.test_pages import client_for, ended_job, row_names
+
+
+def test_a_tag_with_spaces_around_it_filters_the_list_as_the_api_does(alice):
+    # REST v2 takes a tag as given (OpenPAI does); its link in the list and on
+    # the job page must then find the job, as tagsContain does.
+    spaced, plain = ended_job(alice, "spaced_tag"), ended_job(alice, "plain_tag")
+    tags.job_tag_add(job=spaced, value=" gpu ")
+    tags.job_tag_add(job=plain, value="gpu")
+    client = client_for(alice)
+    assert row_names(client.get("/", {"tag": " gpu "})) == ["spaced_tag"]
+    assert row_names(client.get("/jobs/rows/", {"tag": " gpu "})) == ["spaced_tag"]
+    assert [job["name"] for job in client.get("/api/v2/jobs", {"tagsContain": " gpu "}).json()] == ["spaced_tag"]
+    assert row_names(client.get("/", {"tag": "gpu"})) == ["plain_tag"]
+    # A blank filter is no filter.
+    assert sorted(row_names(client.get("/", {"tag": "   "}))) == ["plain_tag", "spaced_tag"]

@@ -23,3 +23,13 @@ def test_a_tag_with_spaces_around_it_filters_the_list_as_the_api_does(alice):
     assert row_names(client.get("/", {"tag": "gpu"})) == ["plain_tag"]
     # A blank filter is no filter.
     assert sorted(row_names(client.get("/", {"tag": "   "}))) == ["plain_tag", "spaced_tag"]
+
+
+def test_a_page_past_the_last_says_how_many_jobs_there_are_without_a_range(alice):
+    for i in range(3):
+        ended_job(alice, f"few_{i}")
+    html = client_for(alice).get("/", {"q": "few_", "page": 4}).content.decode()
+    assert "This page is past the last job" in html
+    summary = html.split('id="list-summary">', 1)[1].split("</p>", 1)[0]
+    assert "–" not in summary  # it said "0–150 of 3 jobs"
+    assert "3 jobs" in summary

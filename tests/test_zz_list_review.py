@@ -33,3 +33,16 @@ def test_a_page_past_the_last_says_how_many_jobs_there_are_without_a_range(alice
     summary = html.split('id="list-summary">', 1)[1].split("</p>", 1)[0]
     assert "–" not in summary  # it said "0–150 of 3 jobs"
     assert "3 jobs" in summary
+
+
+def test_a_tag_on_another_users_job_page_links_an_admin_to_that_users_jobs_with_it(alice, admin_user):
+    job = ended_job(alice, "admins_view")
+    tags.job_tag_add(job=job, value="red")
+    mine = ended_job(admin_user, "admins_own")
+    tags.job_tag_add(job=mine, value="red")
+    client = client_for(admin_user)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    link = page.split('<a class="tag" href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    assert row_names(client.get(link)) == ["admins_view"]  # it listed the admin's own "admins_own"
+    # The owner's link stays the plain one.
+    assert 'href="/?tag=red"' in client_for(alice).get(f"/jobs/{job.pk}/").content.decode()

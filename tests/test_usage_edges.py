@@ -7,16 +7,19 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import docker
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from jobs import services
 from jobs.models import ExitType, Node, NotificationDelivery, TaskUsage
 from jobs.services import dashboard, usage
-from jobs.node.launcher import ContainerUsage
+from jobs.node.launcher.docker import DockerEngine
 from jobs.node.usage import UsageSampler
 from jobs.services.lifecycle import ContainerExit
-from tests.test_usage import Ctx, gpu_samples, node, running_tasks  # noqa: F401  (fixture)
+from tests.cluster import wait_for
+from tests.test_usage import Ctx, containers, gpu_samples, node, running_tasks  # noqa: F401  (fixtures)
 from tests.test_usage_api import logged_in, v1_url, v2_url
 
 
@@ -78,28 +81,26 @@ def test_the_dashboards_bucket_holding_now_averages_cpu_and_memory_over_its_time
         TaskUsage.objects.filter(attempt__in=attempts).delete()
 
 
-class CountersEngine:
-    """The engine's usage read (our launcher interface), giving each round's
-    CPU counter of every container: no Docker here, and the sampler's own
-    arithmetic is what is tested."""
-
-    def __init__(self, cpu_seconds: list[int]) -> None:
-        self.rounds = iter(cpu_seconds)
-
-    def usage(self, container_ids: list[str]) -> dict[str, ContainerUsage]:
-        cpu_ns = next(self.rounds) * 10**9
-        return {cid: ContainerUsage(cpu_ns, 1, 0, 0, 0, 0) for cid in container_ids}
-
-
-def test_a_cpu_counter_that_goes_back_gives_no_figure_that_round_not_a_made_up_zero(alice, node):  # noqa: F811
-    """A reset counter was stored as 0% CPU, a figure the task never had."""
-    (attempt,) = running_tasks(alice, node, 1)
-    ticks = iter(range(0, 100 * 10**9, 10**9))  # a round every second
-    sampler = UsageSampler(Ctx(node, CountersEngine([10, 12, 1, 3])), gpus=None, clock=lambda: next(ticks))
+def test_a_cpu_counter_that_goes_back_gives_no_figure_that_round_not_a_made_up_zero(alice, node, containers):  # noqa: F811
+    """A container restarted in place starts its CPU counter again from 0:
+    the round that saw it go back stored 0% CPU, a figure the task never had."""
+    attempts = running_tasks(alice, node, 2, containers)
+    engine = DockerEngine(settings.DOCKER_HOST)
+    sampler = UsageSampler(Ctx(node, engine), gpus=None)
     try:
-        for _ in range(4):
-            sampler.sample_round()
-        assert list(TaskUsage.objects.filter(attempt=attempt).order_by("at").values_list("cpu_percent", flat=True)) == [
-            200.0, 200.0]
+        wait_for(lambda: all(r.cpu_ns > 3 * 10**8 for r in engine.usage(containers).values()),
+                 what="the containers to burn some CPU")
+        assert sampler.sample_round() == 0  # the first round primes the counters
+        primed = {c: r.cpu_ns for c, r in engine.usage(containers).items()}
+        client = docker.from_env()
+        for container_id in containers:
+            client.containers.get(container_id).restart(timeout=0)
+        wait_for(lambda: all(c in found and found[c].cpu_ns < primed[c]
+                             for found in [engine.usage(containers)] for c in containers),
+                 what="the restarted containers' counters, from 0 again")
+        assert sampler.sample_round() == 0  # gone back: no figure this round
+        wait_for(lambda: sampler.sample_round() == 2, what="the next round's figures")
+        figures = list(TaskUsage.objects.filter(attempt__in=attempts).values_list("cpu_percent", flat=True))
+        assert len(figures) == 2 and all(figure > 0 for figure in figures), figures
     finally:
-        TaskUsage.objects.filter(attempt=attempt).delete()
+        TaskUsage.objects.filter(attempt__in=attempts).delete()

@@ -101,7 +101,10 @@ def _stop_attempt_tasks(job: Job, reason: str, stops: list[tuple[str, int]]) -> 
     launched ones by asking their node agents (collected in `stops`)."""
     now = timezone.now()
     active = TaskAttempt.objects.filter(job=job, state__in=ACTIVE_TASK_STATES)
-    unlaunched = list(active.filter(state=TaskState.ASSIGNED).values_list("pk", flat=True))
+    # Locked as listed: an agent's claim of one for launch (which takes no
+    # job lock) committed between the list and the UPDATE would leave a
+    # starting container whose GPUs and ports the next pass hands out again.
+    unlaunched = list(active.filter(state=TaskState.ASSIGNED).select_for_update().values_list("pk", flat=True))
     if unlaunched:
         TaskAttempt.objects.filter(pk__in=unlaunched, state=TaskState.ASSIGNED).update(
             state=TaskState.STOPPED, exit_type=reason, stop_reason=reason, finished_at=now,

@@ -1,0 +1,120 @@
+"""State changes racing each other, each forced into one interleaving with
+`connection.execute_wrapper`: the other actor runs, on its own connection,
+just before a chosen statement of the first. Run on SQLite and in the
+PostgreSQL pass (PORTAL_TEST_DATABASE=postgres); where SQLite's write lock
+makes an interleaving impossible, the test says so and skips there.
+
+Users: alice, an admin; each test makes its own node and GPU type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from jobs import services
+from jobs.models import GpuAllocation, Job, Node, State, TaskAttempt, TaskState
+from jobs.services import lifecycle
+
+
+def _config(name: str, *, gpu_type: str, tasks: int = 1) -> str:
+    return json.dumps({"jobName": name, "image": "pai-local/busybox:latest", "gpuType": gpu_type,
+                       "taskRoles": [{"name": "main", "taskNumber": tasks, "cpuNumber": 1, "memoryMB": 100,
+                                      "gpuNumber": 1, "command": "true"}]})
+
+
+def _in_thread(target: Callable[[], object]) -> tuple[threading.Thread, dict]:
+    """Runs `target` on a thread with its own database connection; the dict
+    gets its "result" or "error" (the exception)."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = target()
+        except Exception as exc:  # noqa: BLE001 -- handed to the test to judge
+            out["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def _until_done_or_blocked(thread: threading.Thread, timeout: float = 10.0) -> None:
+    """Until `thread` ends, or some other session waits for a row lock
+    (PostgreSQL): the one this connection holds, as the thread runs into it."""
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> "
+                           "pg_backend_pid() AND datname = current_database()")
+            if cursor.fetchone()[0]:
+                return
+        thread.join(0.01)
+    assert not thread.is_alive(), "the other actor neither ended nor waited for a lock"
+
+
+@pytest.fixture
+def gpu_node() -> Iterator[tuple[Node, str]]:
+    """A ready node with 2 GPUs of a type of this test's own; no agent runs there."""
+    gpu_type = f"RR{uuid.uuid4().hex[:6]}"
+    node = Node.objects.create(name=f"t-rr-{gpu_type.lower()}", address="127.0.0.9", docker_host="unix:///nonexistent",
+                               cpus=64, memory_mb=64000, gpus=[{"index": i, "type": gpu_type} for i in range(2)],
+                               gpus_simulated=True, port_start=33100, port_end=33199, last_heartbeat=timezone.now(),
+                               agent_pid=os.getpid())
+    yield node, gpu_type
+    Node.objects.filter(pk=node.pk).update(schedulable=False)
+
+
+def _placed(owner, name: str, node: Node, gpu_type: str) -> tuple[Job, TaskAttempt]:
+    job = services.job_submit(owner=owner, config=_config(name, gpu_type=gpu_type))
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now())
+    services.schedule_pass()
+    return job, TaskAttempt.objects.get(job=job)
+
+
+def test_a_task_claimed_for_launch_as_its_job_is_stopped_keeps_its_gpu(alice, redis_server, gpu_node):
+    if connection.vendor != "postgresql":
+        pytest.skip("on SQLite the stop's write lock keeps the agent's claim out until it commits")
+    node, gpu_type = gpu_node
+    job, attempt = _placed(alice, "claimed_as_stopped", node, gpu_type)
+    assert attempt.state == TaskState.ASSIGNED and GpuAllocation.objects.filter(attempt=attempt).exists()
+
+    claim: list[tuple[threading.Thread, dict]] = []
+
+    def agent_claims_meanwhile(execute, sql, params, many, context):
+        # The stop lists the job's unlaunched tasks; its node's agent claims
+        # this one for launch before the stop changes it.
+        result = execute(sql, params, many, context)
+        if not claim and sql.startswith('SELECT "jobs_taskattempt"."id" AS "pk" FROM'):
+            claim.append(_in_thread(lambda: lifecycle.attempt_claim_launch(attempt.pk)))
+            _until_done_or_blocked(claim[0][0])
+        return result
+
+    with connection.execute_wrapper(agent_claims_meanwhile):
+        services.job_stop(job=job, by=alice)
+    [(thread, claimed)] = claim
+    thread.join(10)
+    assert "error" not in claimed, claimed
+    attempt.refresh_from_db()
+    # Either the claim came first and the container is being started on its
+    # GPU, which stays its own until its exit is recorded (else the next pass
+    # hands it out again), or the stop came first and the claim found it
+    # stopped.
+    if claimed["result"]:
+        assert attempt.state == TaskState.LAUNCHING and attempt.stop_reason == "USER_STOP"
+        assert GpuAllocation.objects.filter(attempt=attempt).count() == 1
+    else:
+        assert attempt.state == TaskState.STOPPED
+        assert not GpuAllocation.objects.filter(attempt=attempt).exists()
+        assert Job.objects.get(pk=job.pk).state == State.STOPPED

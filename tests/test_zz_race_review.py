@@ -21,8 +21,8 @@ from django.db import connection
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import GpuAllocation, Job, Node, State, TaskAttempt, TaskState
-from jobs.services import lifecycle
+from jobs.models import GpuAllocation, Job, Node, State, TaskAttempt, TaskState, User
+from jobs.services import lifecycle, users
 
 
 def _config(name: str, *, gpu_type: str, tasks: int = 1) -> str:
@@ -118,3 +118,32 @@ def test_a_task_claimed_for_launch_as_its_job_is_stopped_keeps_its_gpu(alice, re
         assert attempt.state == TaskState.STOPPED
         assert not GpuAllocation.objects.filter(attempt=attempt).exists()
         assert Job.objects.get(pk=job.pk).state == State.STOPPED
+
+
+def test_a_user_is_not_deleted_while_a_finished_jobs_tasks_still_stop(make_user, admin_user, redis_server, gpu_node):
+    node, gpu_type = gpu_node
+    owner = make_user("leaver")
+    job = services.job_submit(owner=owner, config=_config("ends_while_stopping", gpu_type=gpu_type, tasks=2))
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now())
+    services.schedule_pass()
+    first, second = TaskAttempt.objects.filter(job=job).order_by("task__index")
+    for attempt in (first, second):
+        assert lifecycle.attempt_claim_launch(attempt.pk)
+        assert lifecycle.attempt_mark_running(attempt.pk, container_id=f"c{attempt.pk:011d}")
+    # The first task fails: the job has failed, and its other task is being
+    # stopped (SIGTERM, then SIGKILL after the grace period).
+    lifecycle.attempt_record_exit(first.pk, lifecycle.ContainerExit(exit_code=1))
+    assert Job.objects.get(pk=job.pk).state == State.FAILED
+    assert TaskAttempt.objects.get(pk=second.pk).state == TaskState.RUNNING
+
+    # Deleting the owner now would drop the rows of a container still
+    # running, and free its GPU for the next pass to hand out again.
+    with pytest.raises(users.UserError) as refused:
+        users.user_delete(user=User.objects.get(pk=owner.pk), by=admin_user)
+    assert refused.value.code == "ConflictUserError"
+    assert [j.pk for j in users.unfinished_jobs_of([owner])] == [job.pk]  # the Django admin's refusal says why
+    assert GpuAllocation.objects.filter(attempt_id=second.pk).count() == 1
+
+    lifecycle.attempt_record_exit(second.pk, lifecycle.ContainerExit(exit_code=137))
+    users.user_delete(user=User.objects.get(pk=owner.pk), by=admin_user)
+    assert not Job.objects.filter(pk=job.pk).exists()

@@ -10,8 +10,9 @@ from __future__ import annotations
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
-from jobs.models import FINAL_STATES, Job, User, VirtualCluster, lock_user_row
+from jobs.models import ACTIVE_TASK_STATES, FINAL_STATES, Job, TaskAttempt, User, VirtualCluster, lock_user_row
 from jobs.services import tokens
 
 
@@ -124,7 +125,8 @@ def user_delete(*, user: User, by: User) -> None:
 def unfinished_jobs_of(users: list[User], *, limit: int = 100) -> list[Job]:
     """Some of the users' jobs that still hold (or wait for) a place in the
     cluster: enough to say why they may not be deleted yet."""
-    return list(Job.objects.filter(owner__in=users).exclude(state__in=FINAL_STATES).select_related("owner")[:limit])
+    holding = ~Q(state__in=FINAL_STATES) | Q(task_attempts__state__in=ACTIVE_TASK_STATES)  # ended, tasks stopping
+    return list(Job.objects.filter(holding, owner__in=users).distinct().select_related("owner")[:limit])
 
 
 def user_delete_unless_busy(*, user: User) -> None:
@@ -141,6 +143,12 @@ def user_delete_unless_busy(*, user: User) -> None:
         if unfinished:
             raise UserError("ConflictUserError",
                             f"User {user.username} has {unfinished} unfinished job(s); stop them before removing the user.")
+        # A job that has ended may still be stopping its other tasks (the
+        # verdict came from one of them): their rows hold the GPUs and ports
+        # those containers still use until their exits are recorded.
+        if TaskAttempt.objects.filter(job__owner=user, state__in=ACTIVE_TASK_STATES).exists():
+            raise UserError("ConflictUserError",
+                            f"User {user.username}'s last tasks are still stopping; try again in a few seconds.")
         user.delete()
 
 

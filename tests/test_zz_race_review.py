@@ -147,3 +147,30 @@ def test_a_user_is_not_deleted_while_a_finished_jobs_tasks_still_stop(make_user,
     lifecycle.attempt_record_exit(second.pk, lifecycle.ContainerExit(exit_code=137))
     users.user_delete(user=User.objects.get(pk=owner.pk), by=admin_user)
     assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_a_pass_goes_on_when_a_job_it_saw_waiting_is_stopped_and_deleted(alice, redis_server, gpu_node):
+    _node, gpu_type = gpu_node
+    # A config of its own (a GPU type no node has): no pass has read it yet.
+    job = services.job_submit(owner=alice, config=_config("gone_mid_pass", gpu_type=f"{gpu_type}X"))
+    done: list[bool] = []
+
+    def owner_deletes_it_meanwhile(execute, sql, params, many, context):
+        # The pass has read the waiting jobs; the owner stops this one and
+        # deletes it before the pass reads its config.
+        result = execute(sql, params, many, context)
+        if not done and "ORDER BY j.id LIMIT" in sql:
+            done.append(True)
+
+            def stop_and_delete() -> None:
+                services.job_stop(job=job, by=alice)
+                services.job_delete(job=job)
+
+            thread, out = _in_thread(stop_and_delete)
+            thread.join(30)
+            assert "error" not in out, out
+        return result
+
+    with connection.execute_wrapper(owner_deletes_it_meanwhile):
+        services.schedule_pass()
+    assert done and not Job.objects.filter(pk=job.pk).exists()

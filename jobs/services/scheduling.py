@@ -330,12 +330,15 @@ def _requests(waiting: list[_Waiting]) -> list[scheduler.JobRequest]:
     _remember_asks(missing)
     requests = []
     for job in waiting:
+        asks = _roles_cache.get(job.id)
+        if asks is None:  # gone since the pass read it waiting (its owner stopped and deleted it)
+            continue
         # The scheduler only reads requests: one kept from the last pass
         # serves again while the job is as it was then.
         request = _request_memo.get(job.id)
         if request is None or request.overtaken != job.overtaken or request.vc != job.vc:
             request = _request_memo[job.id] = scheduler.JobRequest(
-                id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=_roles_cache[job.id].roles,
+                id=job.id, vc=job.vc, gpu_type=job.gpu_type or None, roles=asks.roles,
                 overtaken=job.overtaken, owner=job.owner)
         requests.append(request)
     return requests

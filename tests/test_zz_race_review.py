@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import services
@@ -174,3 +174,33 @@ def test_a_pass_goes_on_when_a_job_it_saw_waiting_is_stopped_and_deleted(alice, 
     with connection.execute_wrapper(owner_deletes_it_meanwhile):
         services.schedule_pass()
     assert done and not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_a_submission_is_stored_while_a_pass_holds_its_lock(alice, redis_server):
+    if connection.vendor != "postgresql":
+        pytest.skip("on SQLite a pass decides without the write lock, and takes it only to place jobs")
+    from jobs.services import scheduling
+
+    holding, release = threading.Event(), threading.Event()
+
+    def a_long_pass() -> None:
+        with transaction.atomic():
+            scheduling._lock_passes()
+            holding.set()
+            release.wait(30)
+
+    passing, passed = _in_thread(a_long_pass)
+    assert holding.wait(10), passed
+    try:
+        # A job for "default", the virtual cluster whose row passes lock to
+        # take turns: its foreign key is checked as it is stored.
+        submitting, submitted = _in_thread(lambda: services.job_submit(
+            owner=alice, config=_config("during_a_pass", gpu_type="NOSUCHGPU")))
+        _until_done_or_blocked(submitting)
+        assert not submitting.is_alive(), "the submission waits for the pass to end"
+        assert "error" not in submitted, submitted
+    finally:
+        release.set()
+        passing.join(30)
+        submitting.join(30)
+    assert "error" not in passed, passed

@@ -693,8 +693,11 @@ def _data_version() -> int:
 
 def _lock_passes() -> None:
     """Wait for any other pass to end, on PostgreSQL (on SQLite the
-    transaction's BEGIN took the database's write lock already)."""
-    list(VirtualCluster.objects.select_for_update().filter(name=VirtualCluster.DEFAULT))
+    transaction's BEGIN took the database's write lock already). The "no
+    key" lock keeps passes apart as well, but not the foreign-key check of
+    a job stored in "default" meanwhile: FOR UPDATE held every such
+    submission until the pass ended."""
+    list(VirtualCluster.objects.select_for_update(no_key=True).filter(name=VirtualCluster.DEFAULT))
 
 
 def _carry_out(plan: _Plan, here: LaunchHere | None) -> int:

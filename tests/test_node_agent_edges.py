@@ -254,3 +254,29 @@ def test_a_lost_node_stays_lost_when_its_agent_registers_until_nothing_given_up_
     assert agent._runs_no_orphan()
     assert services.node_heartbeat(node.pk, back_ready=agent._runs_no_orphan)
     assert Node.objects.get(pk=node.pk).status == Node.Status.READY
+
+
+# ---------------------------- a stop asked of an agent that died launching
+
+def test_a_launch_given_back_after_its_agent_died_is_not_made_again_once_its_job_was_stopped(alice, node):
+    # The stop reached only the agent that was launching the task, and died
+    # with it: its restart handed the launch back and made it again, and
+    # the job stayed STOPPING for as long as the task then ran.
+    attempt = placed_attempt(alice, node)
+    assert services.attempt_claim_launch(attempt.pk)  # the agent took it, then died
+    services.job_stop(job=Job.objects.get(pk=attempt.job_id), by=alice)
+    assert Job.objects.get(pk=attempt.job_id).state == "STOPPING"
+
+    assert not services.attempt_unclaim(attempt.pk)  # the restarted agent's look: not given back
+
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.exit_type) == (TaskState.STOPPED, ExitType.USER_STOP)
+    assert Job.objects.get(pk=attempt.job_id).state == "STOPPED"
+
+
+def test_a_launch_cut_off_by_its_agents_death_is_given_back_when_no_stop_was_asked(alice, node):
+    attempt = placed_attempt(alice, node)
+    assert services.attempt_claim_launch(attempt.pk)
+    assert services.attempt_unclaim(attempt.pk)
+    attempt.refresh_from_db()
+    assert attempt.state == TaskState.ASSIGNED

@@ -181,10 +181,15 @@ def attempt_claim_launch(attempt_id: int) -> bool:
 
 
 def attempt_unclaim(attempt_id: int) -> bool:
-    """Give a launch back (the agent died mid-launch) so it is tried again."""
-    return TaskAttempt.objects.filter(pk=attempt_id, state=TaskState.LAUNCHING, container_id="").update(
-        state=TaskState.ASSIGNED, launched_at=None
-    ) == 1
+    """Give a launch back (the agent died mid-launch) so it is tried again;
+    False if it was not. One whose job was stopped meanwhile ends stopped
+    instead: the stop was asked of the agent that died, and only it knew."""
+    cut_off = TaskAttempt.objects.filter(pk=attempt_id, state=TaskState.LAUNCHING, container_id="")
+    if cut_off.filter(stop_reason="").update(state=TaskState.ASSIGNED, launched_at=None) == 1:
+        return True
+    if cut_off.exclude(stop_reason="").exists():
+        attempt_record_exit(attempt_id, ContainerExit(None))  # judged by its stop_reason (_classify)
+    return False
 
 
 def attempt_mark_running(attempt_id: int, *, container_id: str, started_at: datetime | None = None) -> bool:

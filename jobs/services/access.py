@@ -74,6 +74,15 @@ def token_in_command(command: str) -> str | None:
     return None
 
 
+def known_token(token: str | None) -> str | None:
+    """`token` unless what the command gives is filled in later, by the
+    shell ($VAR) or by the portal (a v2 secret or parameter, <% ... %>):
+    the page cannot know it then."""
+    if token is None or "$" in token or "<%" in token:
+        return None
+    return token
+
+
 def role_command(job: Job, role_name: str) -> str:
     """A task role's command as the user wrote it (the spec keeps commands
     verbatim: no variable is substituted in them)."""
@@ -86,7 +95,8 @@ def jupyter_token(job: Job, attempt: TaskAttempt) -> str:
     server prints a new one); "" if neither."""
     from_command = token_in_command(role_command(job, attempt.task.role))
     if from_command is not None:
-        return from_command
+        # Jupyter prints a token it was given as "...": the log cannot tell it either.
+        return known_token(from_command) or ""
     lines = LogLine.objects.filter(attempt=attempt, stream__in=(Stream.STDERR, Stream.STDOUT), text__contains="token=")
     for text in lines.order_by("-stream", "-seq").values_list("text", flat=True)[:50]:
         match = _TOKEN_RE.search(text)

@@ -14,7 +14,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -23,30 +24,13 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import GpuAllocation, Job, Node, State, TaskAttempt, TaskState, User
 from jobs.services import lifecycle, users
+from tests.test_races import _in_thread
 
 
 def _config(name: str, *, gpu_type: str, tasks: int = 1) -> str:
     return json.dumps({"jobName": name, "image": "pai-local/busybox:latest", "gpuType": gpu_type,
                        "taskRoles": [{"name": "main", "taskNumber": tasks, "cpuNumber": 1, "memoryMB": 100,
                                       "gpuNumber": 1, "command": "true"}]})
-
-
-def _in_thread(target: Callable[[], object]) -> tuple[threading.Thread, dict]:
-    """Runs `target` on a thread with its own database connection; the dict
-    gets its "result" or "error" (the exception)."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["result"] = target()
-        except Exception as exc:  # noqa: BLE001 -- handed to the test to judge
-            out["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
 
 
 def _until_done_or_blocked(thread: threading.Thread, timeout: float = 10.0) -> None:
@@ -70,7 +54,8 @@ def gpu_node() -> Iterator[tuple[Node, str]]:
     gpu_type = f"RR{uuid.uuid4().hex[:6]}"
     node = Node.objects.create(name=f"t-rr-{gpu_type.lower()}", address="127.0.0.9", docker_host="unix:///nonexistent",
                                cpus=64, memory_mb=64000, gpus=[{"index": i, "type": gpu_type} for i in range(2)],
-                               gpus_simulated=True, port_start=33100, port_end=33199, last_heartbeat=timezone.now(),
+                               gpus_simulated=True, port_start=33100, port_end=33199,
+                               last_heartbeat=timezone.now() + timedelta(hours=1),  # clear of any lost-node check
                                agent_pid=os.getpid())
     yield node, gpu_type
     Node.objects.filter(pk=node.pk).update(schedulable=False)

@@ -70,15 +70,17 @@ def engine(docker_engine: str) -> Iterator[DockerEngine]:
         real.remove(left.id)
 
 
-def left_behind(engine: DockerEngine, attempt: TaskAttempt, node: Node, *, command: str | None) -> str:
+def left_behind(engine: DockerEngine, attempt: TaskAttempt, node: Node, *, command: str | None,
+                ended: bool = True) -> str:
     """A task container as a crashed agent left it: created and never
-    started (`command` None), or run to its end."""
+    started (`command` None), run to its end, or still running (`ended` False)."""
     labels = {launcher.LABEL_INSTANCE: settings.PAI_INSTANCE, launcher.LABEL_NODE: node.name,
               launcher.LABEL_TASK_ATTEMPT: str(attempt.pk)}
     made = engine.api.create_container(IMAGE, ["sh", "-c", command or "true"], labels=labels)
     if command is not None:
         engine.api.start(made["Id"])
-        assert engine.api.wait(made["Id"], timeout=60)["StatusCode"] == 0
+        if ended:
+            assert engine.api.wait(made["Id"], timeout=60)["StatusCode"] == 0
     return made["Id"]
 
 
@@ -238,8 +240,7 @@ def test_a_lost_node_stays_lost_when_its_agent_registers_until_nothing_given_up_
     # it was away: a pass could hand their GPUs and ports out meanwhile.
     attempt = placed_attempt(alice, node)
     assert services.attempt_claim_launch(attempt.pk)
-    left = left_behind(engine, attempt, node, command="sleep 600")
-    engine.api.start(left)  # still running, as it was when the node was cut off
+    left = left_behind(engine, attempt, node, command="sleep 600", ended=False)  # as when the node was cut off
     assert services.attempt_mark_running(attempt.pk, container_id=left)
     services.attempt_record_exit(attempt.pk, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="node lost"))
     Node.objects.filter(pk=node.pk).update(status=Node.Status.LOST)

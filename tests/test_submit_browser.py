@@ -270,7 +270,8 @@ def test_it_refuses_to_import_a_file_that_is_not_utf8_text(page, alice, cluster,
     # without a word, so a Latin-1 file came in quietly changed; the API
     # refuses such a file ("not UTF-8 text"), and so does the page now.
     upload = tmp_path / "latin1.json"
-    upload.write_bytes(json.dumps(config("caf\u00e9", role())).encode("latin-1"))
+    upload.write_bytes(json.dumps(config("cafe", role(), description="caf\u00e9"), ensure_ascii=False).encode("latin-1"))
+    assert b"caf\xe9" in upload.read_bytes()  # a Latin-1 byte, not UTF-8
     open_submit(page, alice)
     before = field(page, "jobName").input_value()
     with page.expect_file_chooser() as chooser:

@@ -99,7 +99,12 @@ def test_a_cpu_counter_that_goes_back_gives_no_figure_that_round_not_a_made_up_z
                              for found in [engine.usage(containers)] for c in containers),
                  what="the restarted containers' counters, from 0 again")
         assert sampler.sample_round() == 0  # gone back: no figure this round
-        wait_for(lambda: sampler.sample_round() == 2, what="the next round's figures")
+        # Over a long enough round to burn some: a few milliseconds of a
+        # container held to half a core may truly have used none.
+        since = {c: r.cpu_ns for c, r in engine.usage(containers).items()}
+        wait_for(lambda: all(r.cpu_ns > since[c] + 10**8 for c, r in engine.usage(containers).items()),
+                 what="the restarted containers to burn some CPU")
+        assert sampler.sample_round() == 2
         figures = list(TaskUsage.objects.filter(attempt__in=attempts).values_list("cpu_percent", flat=True))
         assert len(figures) == 2 and all(figure > 0 for figure in figures), figures
     finally:

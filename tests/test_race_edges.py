@@ -24,7 +24,7 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import GpuAllocation, Job, Node, State, TaskAttempt, TaskState, User
 from jobs.services import lifecycle, users
-from tests.test_races import _in_thread
+from tests.test_races import _in_thread, someone_waits_for_a_lock
 
 
 def _config(name: str, *, gpu_type: str, tasks: int = 1) -> str:
@@ -38,12 +38,8 @@ def _until_done_or_blocked(thread: threading.Thread, timeout: float = 10.0) -> N
     (PostgreSQL): the one this connection holds, as the thread runs into it."""
     deadline = time.monotonic() + timeout
     while thread.is_alive() and time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> "
-                           "pg_backend_pid() AND datname = current_database()")
-            if cursor.fetchone()[0]:
-                return
+        if someone_waits_for_a_lock():
+            return
         thread.join(0.01)
     assert not thread.is_alive(), "the other actor neither ended nor waited for a lock"
 

@@ -93,16 +93,21 @@ def _until_blocked_on_a_lock(timeout: float = 10.0) -> None:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            # Inside a transaction PostgreSQL shows the first look again
-            # unless its snapshot of the statistics is dropped.
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> "
-                           "pg_backend_pid() AND datname = current_database()")
-            if cursor.fetchone()[0]:
-                return
+        if someone_waits_for_a_lock():
+            return
         time.sleep(0.01)
     raise AssertionError("no session came to wait for the lock")
+
+
+def someone_waits_for_a_lock() -> bool:
+    """Whether another session of this database waits for a lock now (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        # Inside a transaction PostgreSQL shows the first look again
+        # unless its snapshot of the statistics is dropped.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> "
+                       "pg_backend_pid() AND datname = current_database()")
+        return bool(cursor.fetchone()[0])
 
 
 # ------------------------------------------------------------------ users

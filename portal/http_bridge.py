@@ -44,6 +44,15 @@ log = logging.getLogger(__name__)
 # drop a connection at once.
 ABORT_EXTENSION = "portal.abort"
 
+
+def abort_client(scope: Any) -> None:
+    """Drop the client's connection at once, without the usual close, which
+    would wait for the client to take what is buffered (nothing when the
+    protocol gives no abort: portal/http_protocol.py does)."""
+    abort = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
+    if abort is not None:
+        abort()
+
 PREREAD_BYTES = 256 * 1024
 READ_AHEAD_BYTES = 1024 * 1024
 # A streamed response whose client takes nothing for this long is let go:
@@ -262,9 +271,7 @@ class _Responder(WSGIResponder):
         for as long as it stays). portal/http_protocol.py gives the abort."""
         log.warning("let go of %s, which took nothing of %s for %.0f s", _client(self.scope),
                     self.scope.get("path", "?"), STALLED_SEND_SECONDS)
-        abort = (self.scope.get("extensions") or {}).get(ABORT_EXTENSION)
-        if abort is not None:
-            abort()
+        abort_client(self.scope)
 
     def wsgi(self, environ: Any, start_response: Any) -> None:
         iterable: Iterable[bytes] = self.app(environ, start_response)

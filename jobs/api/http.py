@@ -5,11 +5,10 @@ parameters, and turns every failure into OpenPAI-style JSON.
 
 from __future__ import annotations
 
-import re
-
 import codecs
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl

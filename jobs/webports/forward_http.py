@@ -19,7 +19,7 @@ import h11
 from jobs.services.webports import WebPortTarget
 from jobs.webports import headers as hdrs
 from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_socket
-from portal.http_bridge import ABORT_EXTENSION
+from portal.http_bridge import abort_client
 
 READ_BYTES = 64 * 1024
 # How long a job may take none of a request's body before the proxy gives
@@ -136,17 +136,6 @@ async def _drain(writer: asyncio.StreamWriter) -> None:
         raise _JobStalled from None
 
 
-def _drop_client(scope: dict[str, Any]) -> None:
-    """Break the browser's connection mid-answer. Ending the answer instead
-    would make a chunked one look complete, only shorter (a truncated
-    download taken for a whole one); uvicorn drops the connection itself
-    when the app returns without ending it, this only does it at once and
-    without an error in the log (portal/http_protocol.py gives the abort)."""
-    abort = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
-    if abort is not None:
-        abort()
-
-
 async def _wait_disconnect(receive: Any) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -182,7 +171,11 @@ async def _relay_response(scope: dict[str, Any], send: Any, upstream: h11.Connec
         try:
             event = await _next_event(upstream, reader)
         except (h11.RemoteProtocolError, OSError):
-            _drop_client(scope)  # cut off mid-body: so is the browser's answer
+            # Cut off mid-body: so is the browser's answer. Ended instead, a
+            # chunked one would look complete, only shorter (a truncated
+            # download taken for a whole one); uvicorn would drop the
+            # connection itself as the app returns, but with an error logged.
+            abort_client(scope)
             return
         if isinstance(event, h11.Data):
             await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})

@@ -154,21 +154,26 @@ def submit_in_one_batch(user, configs: list[str]) -> dict[int, str]:
     return results
 
 
-def rows_only_attempt(user, name: str) -> TaskAttempt:
-    """A finished task attempt as database rows only: no container behind it,
-    and over as far as the scheduler and any node agent are concerned (the
-    log writer's tests write to it)."""
+def rows_only_attempt(user, name: str, *, running_on=None, **attempt_fields: Any) -> TaskAttempt:
+    """A task attempt as database rows only, with no container behind it:
+    finished, over as far as the scheduler and any node agent are concerned
+    (the log writer's tests write to it); or, given a node (`running_on`),
+    running there with `attempt_fields` (ports ...), served by no agent."""
     from django.conf import settings
 
     from jobs.models import JobAttempt, State, Task, TaskState, VirtualCluster
     from jobs.spec import parse_job_value
 
-    cfg = config(name, role())
+    cfg = config(name, role(command="sleep 600") if running_on else role())
     stored = parse_job_value(cfg, user_name=user.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
+    state = State.RUNNING if running_on else State.SUCCEEDED
     job = Job.objects.create(owner=user, name=name, config_raw=json.dumps(cfg), config=stored,
-                             virtual_cluster=VirtualCluster.objects.get(name="default"), state=State.SUCCEEDED,
+                             virtual_cluster=VirtualCluster.objects.get(name="default"), state=state,
                              total_tasks=1, total_roles=1)
-    job_attempt = JobAttempt.objects.create(job=job, number=1, state=State.SUCCEEDED)
+    job_attempt = JobAttempt.objects.create(job=job, number=1, state=state)
     task = Task.objects.create(job=job, role="main", index=0)
-    return TaskAttempt.objects.create(task=task, job_attempt=job_attempt, job=job, number=1, node_name="node-x",
-                                      state=TaskState.SUCCEEDED)
+    where = ({"node": running_on, "node_name": running_on.name, "container_id": "c-" + name, "host_ip": running_on.address}
+             if running_on else {"node_name": "node-x"})
+    return TaskAttempt.objects.create(task=task, job_attempt=job_attempt, job=job, number=1,
+                                      state=TaskState.RUNNING if running_on else TaskState.SUCCEEDED,
+                                      **where, **attempt_fields)

@@ -185,13 +185,18 @@ def test_it_refuses_a_join_token_revoked_between_its_check_and_its_use(admin_use
 
 # ------------------------------- a node back after its tasks were given up
 
-def stopped_task_container(engine: DockerEngine, attempt: TaskAttempt, node: Node) -> TaskWatcher:
-    """A task's container that wrote /pai/output/result.txt and ended, and
-    the watcher of its node that records the end."""
+def stopped_task_container(engine: DockerEngine, user, node: Node) -> tuple[TaskAttempt, TaskWatcher]:
+    """A running task whose job uploads outputs, its container having
+    written /pai/output/result.txt and ended, and the watcher of its node
+    that records the end."""
+    attempt = placed_attempt(user, node)
+    Job.objects.filter(pk=attempt.job_id).update(upload_outputs=True)
+    assert services.attempt_claim_launch(attempt.pk)
     container_id = left_behind(engine, attempt, node, command="mkdir -p /pai/output && echo 42 > /pai/output/result.txt")
+    assert services.attempt_mark_running(attempt.pk, container_id=container_id)
     context = NodeContext(node=node, engine=engine, engine_cpus=16, writer=LogWriter(),
                           watchers=Watchers(lambda *_: None), follower=LogFollower())  # type: ignore[arg-type]
-    return TaskWatcher(context, attempt.pk, container_id)
+    return attempt, TaskWatcher(context, attempt.pk, container_id)
 
 
 def output_of(attempt: TaskAttempt) -> str:
@@ -202,11 +207,7 @@ def test_it_uploads_no_output_of_a_task_given_up_while_its_node_was_cut_off(alic
     # The node was declared lost and the job ran again elsewhere, writing
     # outputDir; back, the agent stops the old container, whose /pai/output
     # was then uploaded over the new attempt's.
-    attempt = placed_attempt(alice, node)
-    Job.objects.filter(pk=attempt.job_id).update(upload_outputs=True)
-    assert services.attempt_claim_launch(attempt.pk)
-    watcher = stopped_task_container(engine, attempt, node)
-    assert services.attempt_mark_running(attempt.pk, container_id=watcher.container_id)
+    attempt, watcher = stopped_task_container(engine, alice, node)
     services.attempt_record_exit(attempt.pk, ContainerExit(None, exit_type=ExitType.NODE_LOST, error="node lost"))
 
     watcher._record_exit(engine.state(watcher.container_id))
@@ -218,11 +219,7 @@ def test_it_uploads_no_output_of_a_task_given_up_while_its_node_was_cut_off(alic
 
 
 def test_it_uploads_the_output_of_a_task_that_ended_on_its_own(alice, node, engine):
-    attempt = placed_attempt(alice, node)
-    Job.objects.filter(pk=attempt.job_id).update(upload_outputs=True)
-    assert services.attempt_claim_launch(attempt.pk)
-    watcher = stopped_task_container(engine, attempt, node)
-    assert services.attempt_mark_running(attempt.pk, container_id=watcher.container_id)
+    attempt, watcher = stopped_task_container(engine, alice, node)
 
     watcher._record_exit(engine.state(watcher.container_id))
 

@@ -8,14 +8,13 @@ container.)"""
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
-import json
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pytest
 import uvicorn
@@ -24,9 +23,9 @@ from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from jobs.models import Job, JobAttempt, Node, State, Task, TaskAttempt, TaskState, VirtualCluster
+from jobs.models import Node, TaskAttempt, TaskState
 from tests.cluster import wait_for
-from tests.helpers import config, role
+from tests.helpers import rows_only_attempt
 
 ENGINE_SCHEME = "termreview"
 
@@ -56,21 +55,7 @@ def portal(redis_server) -> Iterator[str]:
 
 def _running_attempt(owner, node: Node, *, ports: dict[str, list[int]]) -> TaskAttempt:
     """A running task attempt as database rows only, on `node`."""
-    from django.conf import settings
-
-    from jobs.spec import parse_job_value
-
-    name = f"rev_{uuid.uuid4().hex[:8]}"
-    cfg = config(name, role(command="sleep 600"))
-    stored = parse_job_value(cfg, user_name=owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
-    job = Job.objects.create(owner=owner, name=name, config_raw=json.dumps(cfg), config=stored,
-                             virtual_cluster=VirtualCluster.objects.get(name="default"), state=State.RUNNING,
-                             total_tasks=1, total_roles=1)
-    job_attempt = JobAttempt.objects.create(job=job, number=1, state=State.RUNNING)
-    task = Task.objects.create(job=job, role="main", index=0)
-    return TaskAttempt.objects.create(task=task, job_attempt=job_attempt, job=job, number=1, node=node,
-                                      node_name=node.name, state=TaskState.RUNNING, container_id="c-" + name,
-                                      ports=ports, host_ip=node.address)
+    return rows_only_attempt(owner, f"rev_{uuid.uuid4().hex[:8]}", running_on=node, ports=ports)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
@@ -33,12 +33,29 @@ def _config(name: str, *, gpu_type: str, tasks: int = 1) -> str:
                                       "gpuNumber": 1, "command": "true"}]})
 
 
-def _until_done_or_blocked(thread: threading.Thread, timeout: float = 10.0) -> None:
-    """Until `thread` ends, or some other session waits for a row lock
-    (PostgreSQL): the one this connection holds, as the thread runs into it."""
+def _on_a_connection_of_its_own(target: Callable[[], object]) -> tuple[threading.Thread, dict, list[int]]:
+    """`target` on a thread (_in_thread), and the backend pid of that
+    thread's connection once it has one."""
+    pids: list[int] = []
+
+    def run() -> object:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pids.append(cursor.fetchone()[0])
+        return target()
+
+    thread, out = _in_thread(run)
+    return thread, out, pids
+
+
+def _until_done_or_blocked(thread: threading.Thread, pids: list[int], timeout: float = 10.0) -> None:
+    """Until `thread` ends, or its own session waits for a row lock
+    (PostgreSQL): the one this connection holds, as the thread runs into it.
+    Only its own: the test cluster's agents share the database, and one of
+    their passes may wait for the same lock meanwhile."""
     deadline = time.monotonic() + timeout
     while thread.is_alive() and time.monotonic() < deadline:
-        if someone_waits_for_a_lock():
+        if pids and someone_waits_for_a_lock(pids[0]):
             return
         thread.join(0.01)
     assert not thread.is_alive(), "the other actor neither ended nor waited for a lock"
@@ -71,20 +88,20 @@ def test_a_task_claimed_for_launch_as_its_job_is_stopped_keeps_its_gpu(alice, re
     job, attempt = _placed(alice, "claimed_as_stopped", node, gpu_type)
     assert attempt.state == TaskState.ASSIGNED and GpuAllocation.objects.filter(attempt=attempt).exists()
 
-    claim: list[tuple[threading.Thread, dict]] = []
+    claim: list[tuple[threading.Thread, dict, list[int]]] = []
 
     def agent_claims_meanwhile(execute, sql, params, many, context):
         # The stop lists the job's unlaunched tasks; its node's agent claims
         # this one for launch before the stop changes it.
         result = execute(sql, params, many, context)
         if not claim and sql.startswith('SELECT "jobs_taskattempt"."id" AS "pk" FROM'):
-            claim.append(_in_thread(lambda: lifecycle.attempt_claim_launch(attempt.pk)))
-            _until_done_or_blocked(claim[0][0])
+            claim.append(_on_a_connection_of_its_own(lambda: lifecycle.attempt_claim_launch(attempt.pk)))
+            _until_done_or_blocked(claim[0][0], claim[0][2])
         return result
 
     with connection.execute_wrapper(agent_claims_meanwhile):
         services.job_stop(job=job, by=alice)
-    [(thread, claimed)] = claim
+    [(thread, claimed, _pids)] = claim
     thread.join(10)
     assert "error" not in claimed, claimed
     attempt.refresh_from_db()
@@ -175,9 +192,9 @@ def test_a_submission_is_stored_while_a_pass_holds_its_lock(alice, redis_server)
     try:
         # A job for "default", the virtual cluster whose row passes lock to
         # take turns: its foreign key is checked as it is stored.
-        submitting, submitted = _in_thread(lambda: services.job_submit(
+        submitting, submitted, pids = _on_a_connection_of_its_own(lambda: services.job_submit(
             owner=alice, config=_config("during_a_pass", gpu_type="NOSUCHGPU")))
-        _until_done_or_blocked(submitting)
+        _until_done_or_blocked(submitting, pids)
         assert not submitting.is_alive(), "the submission waits for the pass to end"
         assert "error" not in submitted, submitted
     finally:

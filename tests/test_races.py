@@ -99,14 +99,16 @@ def _until_blocked_on_a_lock(timeout: float = 10.0) -> None:
     raise AssertionError("no session came to wait for the lock")
 
 
-def someone_waits_for_a_lock() -> bool:
-    """Whether another session of this database waits for a lock now (PostgreSQL)."""
+def someone_waits_for_a_lock(pid: int | None = None) -> bool:
+    """Whether another session of this database (or the one of backend
+    `pid`) waits for a lock now (PostgreSQL)."""
+    whose = "pid = %s" if pid is not None else "pid <> pg_backend_pid()"
     with connection.cursor() as cursor:
         # Inside a transaction PostgreSQL shows the first look again
         # unless its snapshot of the statistics is dropped.
         cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> "
-                       "pg_backend_pid() AND datname = current_database()")
+        cursor.execute(f"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND {whose} "
+                       "AND datname = current_database()", [pid] if pid is not None else [])
         return bool(cursor.fetchone()[0])
 
 

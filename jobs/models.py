@@ -8,7 +8,6 @@ State changes go through jobs/services.py with conditional UPDATEs.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
 from datetime import timedelta
 
 from django.conf import settings
@@ -17,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from jobs.spec import GPU_TYPE_RE, MAX_GPU_TYPE_LENGTH, JobSpec
@@ -43,17 +43,17 @@ class User(AbstractUser):
 
     class Meta(AbstractUser.Meta):
         permissions = [("administer_portal", "Can administer the portal: every job, node, virtual cluster and user")]
-
-    def validate_unique(self, exclude: Collection[str] | None = None) -> None:
-        """Names are unique whatever their case, as PUT /user has them
-        (users.user_create): the command line and the Django admin's user
-        page check here. Two accounts "alice" and "Alice" would share one
-        login throttle and look alike in every list."""
-        super().validate_unique(exclude)
-        if exclude and "username" in exclude:
-            return
-        if User.objects.filter(username__iexact=self.username).exclude(pk=self.pk).exists():
-            raise ValidationError({"username": "A user with that username already exists (in another case)."})
+        constraints = [
+            # Names are unique whatever their case, as OpenPAI's are: two
+            # accounts "alice" and "Alice" would share one login throttle and
+            # look alike in every list. In the database, so that two
+            # requests at once cannot both pass a check made before the
+            # INSERT (PUT /user, the command line, the Django admin).
+            models.UniqueConstraint(
+                Lower("username"), name="jobs_user_username_any_case",
+                violation_error_message="A user with that username already exists (in another case).",
+            ),
+        ]
 
     @property
     def is_admin(self) -> bool:

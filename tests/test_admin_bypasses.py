@@ -141,9 +141,25 @@ def test_no_way_in_makes_a_second_user_whose_name_differs_only_in_case(admin_use
     data.update({"username": alice.username.upper(), "date_joined_0": "2024-01-01", "date_joined_1": "00:00:00"})
     response = client.post(f"/admin/jobs/user/{bob.pk}/change/", data)
     assert response.status_code == 200
-    assert "username" in response.context["adminform"].form.errors
+    assert "already exists (in another case)" in str(response.context["adminform"].form.errors)
     bob.refresh_from_db()
     assert bob.username != alice.username.upper()
+
+
+def test_the_database_itself_refuses_a_name_that_differs_only_in_case(alice):
+    """The checks above run before the INSERT: two requests at once could
+    both pass them (PostgreSQL runs them side by side). The database's own
+    constraint is what holds then, and PUT /user answers it as a conflict."""
+    from django.db import IntegrityError, transaction
+
+    from jobs.services import users
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        User.objects.create(username=alice.username.upper())
+    with pytest.raises(users.UserError) as refused:
+        users.user_create(username=alice.username.upper(), password="a-Long-enough-pass-1")
+    assert refused.value.code == "ConflictUserError"
+    assert User.objects.filter(username__iexact=alice.username).count() == 1
 
 
 def test_a_virtual_cluster_made_while_the_usage_is_read_is_shown_next_time_not_a_500(alice):

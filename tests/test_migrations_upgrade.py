@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.apps.registry import Apps
 from django.contrib.auth.hashers import make_password
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -516,3 +517,20 @@ def test_it_keeps_an_admins_cordon_of_a_node_0018_repairs(tmp_path: Path) -> Non
         migrate(connection, before_0018)
         node = migrate(connection).get_model("jobs", "Node").objects.get(name="bad-gpus")
         assert (node.cordoned_at, node.cordoned_by) == (at(-30), "root_admin (migration 0018: gpus unreadable, set to [])")
+
+
+# 0021 makes user names unique whatever their case, in the database. A
+# database that already holds such a pair (made before by two requests at
+# once) is not changed or guessed at: the upgrade stops naming them.
+def test_it_names_the_users_whose_names_differ_only_in_case_and_changes_nothing(tmp_path: Path) -> None:
+    with private_database(tmp_path) as connection:
+        before_0021 = [("jobs", "0020_job_exit_trigger")]
+        users = migrate(connection, before_0021).get_model("jobs", "User").objects
+        for name in ("carol", "Carol", "dave"):
+            users.create(username=name, password=make_password(None))
+        with pytest.raises(RuntimeError, match=r"differ only in case.*: Carol, carol$"):
+            migrate(connection)
+        users = migrate(connection, before_0021).get_model("jobs", "User").objects
+        assert sorted(users.values_list("username", flat=True)) == ["Carol", "carol", "dave"]
+        users.filter(username="Carol").update(username="carol_2")
+        migrate(connection)

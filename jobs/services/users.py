@@ -37,8 +37,8 @@ def _check_password(password: str, user: User) -> None:
 def user_create(*, username: str, password: str, admin: bool = False) -> User:
     user = User(username=username, is_staff=admin, is_superuser=admin)
     try:
-        # Uniqueness is checked below, where a clash is a conflict, not bad input.
-        user.full_clean(exclude=["password"], validate_unique=False)
+        # Uniqueness is the database's (any case): a clash is a conflict, not bad input.
+        user.full_clean(exclude=["password"], validate_unique=False, validate_constraints=False)
     except ValidationError as exc:
         messages = [f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items()]
         raise UserError("InvalidParametersError", "; ".join(messages)) from None
@@ -47,10 +47,8 @@ def user_create(*, username: str, password: str, admin: bool = False) -> User:
     conflict = UserError("ConflictUserError", f"User name {username} already exists.")
     try:
         with transaction.atomic():
-            if User.objects.filter(username__iexact=username).exists():
-                raise conflict
             user.save()
-    except IntegrityError:  # made by a concurrent request meanwhile
+    except IntegrityError:  # the name in any case (jobs_user_username_any_case), perhaps made just now
         raise conflict from None
     return user
 

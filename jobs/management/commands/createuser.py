@@ -16,7 +16,7 @@ from pathlib import Path
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from jobs.models import User, VirtualCluster
 
@@ -46,10 +46,13 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         user.set_password(password)
-        with transaction.atomic():
-            user.save()
-            for cluster in clusters:
-                cluster.users.add(user)
+        try:
+            with transaction.atomic():
+                user.save()
+                for cluster in clusters:
+                    cluster.users.add(user)
+        except IntegrityError:  # made meanwhile, in this case or another
+            raise CommandError(f'a user named "{username}" already exists') from None
         role = "admin" if admin else "user"
         self.stdout.write(f"created {role} {username}" + (f" with password {password}" if generate_password else ""))
 

@@ -153,3 +153,35 @@ def test_paging_on_with_since_reaches_every_sample(alice, node):  # noqa: F811
         assert len(seen) == len(set(seen)) == usage.MAX_SAMPLES + 10 and seen == sorted(seen)
     finally:  # old samples that usage_compact in other tests would fold (the database outlives a test)
         TaskUsage.objects.filter(attempt_id=attempt.pk).delete()
+
+
+def test_a_whole_jobs_answer_holds_at_most_max_job_samples_and_pages_on_through_all(alice, bob, node,  # noqa: F811
+                                                                                    monkeypatch):
+    """Each task gave up to MAX_SAMPLES: a job of 1,000 tasks, five million
+    samples in one answer for one worker to hold. The job's answer is now
+    bounded over all its tasks, and `since` still reaches every sample."""
+    monkeypatch.setattr(usage, "MAX_JOB_SAMPLES", 30)
+    attempts = running_tasks(alice, node, 3)
+    start = timezone.now() - timedelta(minutes=10)
+    TaskUsage.objects.bulk_create([
+        TaskUsage(attempt_id=attempt.pk, at=start + timedelta(seconds=5 * i), cpu_percent=float(i), memory_bytes=1)
+        for attempt in attempts for i in range(25)])
+    try:
+        url = v2_url(attempts[0].job)
+        client = logged_in(alice)
+        body = client.get(url).json()
+        assert body["samplesPerTask"] == 10
+        assert [len(task["samples"]) for task in body["tasks"]] == [10, 10, 10]
+        assert [s["cpuPercent"] for s in body["tasks"][0]["samples"]] == [float(i) for i in range(15, 25)]  # newest
+        since, seen = (start - timedelta(seconds=1)).isoformat(), {attempt.pk: [] for attempt in attempts}
+        while (body := client.get(url, {"since": since}).json()) and any(t["samples"] for t in body["tasks"]):
+            assert sum(len(t["samples"]) for t in body["tasks"]) <= 30
+            for attempt, task in zip(attempts, body["tasks"]):
+                seen[attempt.pk] += [s["time"] for s in task["samples"]]
+            since = min(task["samples"][-1]["time"] for task in body["tasks"] if task["samples"])
+        assert all(sorted(set(times)) == sorted(set(seen[attempts[0].pk])) and len(set(times)) == 25
+                   for times in seen.values())
+        assert logged_in(bob).get(url).status_code == 404
+        assert Client().get(url).status_code == 401
+    finally:  # old samples that usage_compact in other tests would fold (the database outlives a test)
+        TaskUsage.objects.filter(attempt_id__in=[attempt.pk for attempt in attempts]).delete()

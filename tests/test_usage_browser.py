@@ -10,15 +10,20 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from playwright.sync_api import expect
 
+from django.utils import timezone
+
 from jobs import services
 from jobs.models import State, TaskUsage
+from jobs.services import usage
 from tests.browser import login, screenshot
 from tests.cluster import wait_for
 from tests.helpers import config, role, running_attempt, submit, wait_state
+from tests.test_usage import node, running_tasks  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
 GPU_TYPE = "USAGETEST"
@@ -97,3 +102,30 @@ def test_the_job_page_draws_live_graphs_from_the_api(page, alice, burning_job):
         return el.width > 0 && el.height > 0;
     }""")
     screenshot(page, "job-usage")
+
+
+def test_a_running_task_whose_samples_stopped_does_not_freeze_the_others_graphs(page, alice, node):  # noqa: F811
+    """Each task gives at most `samplesPerTask` samples an answer. The page
+    asked from the oldest last sample of the running tasks: one whose node
+    stopped sampling ten minutes ago kept the others' answers to samples
+    they had already drawn, and their graphs stopped growing."""
+    stalled, busy = running_tasks(alice, node, 2)
+    now = timezone.now()
+    per_task = usage.samples_per_task(2)
+    rows = [TaskUsage(attempt_id=stalled.pk, at=now - timedelta(minutes=10, seconds=s), cpu_percent=1.0,
+                      memory_bytes=1) for s in (5, 0)]
+    # More samples of the busy task since then than one answer gives it.
+    rows += [TaskUsage(attempt_id=busy.pk, at=now - timedelta(milliseconds=100 * i), cpu_percent=50.0,
+                       memory_bytes=1) for i in range(per_task + 100)]
+    TaskUsage.objects.bulk_create(rows)
+    try:
+        login(page, alice)
+        page.goto(f"/jobs/{busy.job_id}/")
+        cpu = page.locator(f"#usage-charts [data-task='main-{busy.task.index}'] [data-chart='cpu']")
+        wait_for(lambda: int(cpu.get_attribute("data-points") or 0) == per_task, timeout=30,
+                 what="the busy task's newest samples drawn")
+        TaskUsage.objects.create(attempt_id=busy.pk, at=timezone.now(), cpu_percent=75.0, memory_bytes=1)
+        wait_for(lambda: int(cpu.get_attribute("data-points")) == per_task + 1, timeout=30,
+                 what="the busy task's new sample drawn")
+    finally:  # old samples that usage_compact in other tests would fold (the database outlives a test)
+        TaskUsage.objects.filter(attempt_id__in=[stalled.pk, busy.pk]).delete()

@@ -259,6 +259,16 @@ def sample_json(row: TaskUsage) -> dict[str, Any]:
 
 
 MAX_SAMPLES = 5000
+# What one answer for a whole job (GET /api/v2/jobs/.../metrics) holds at
+# most, over all its tasks: 1,000 tasks at MAX_SAMPLES each would be five
+# million samples for one worker to hold. A job of up to four tasks still
+# gets MAX_SAMPLES a task.
+MAX_JOB_SAMPLES = 20000
+
+
+def samples_per_task(tasks: int) -> int:
+    """How many samples each of a job's `tasks` tasks gives in one answer."""
+    return max(1, min(MAX_SAMPLES, MAX_JOB_SAMPLES // max(1, tasks)))
 
 
 def task_samples(attempt_id: int, *, since: datetime | None = None, limit: int = MAX_SAMPLES) -> list[TaskUsage]:

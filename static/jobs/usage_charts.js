@@ -12,6 +12,7 @@
   if (!root || !window.uPlot) return;
   var url = root.dataset.metricsUrl;
   var period = Math.max(2000, 1000 * parseFloat(root.dataset.sampleSeconds || "5"));
+  var STALLED_MS = Math.max(120000, 10 * period);
   var tasks = {};
   var since = "";
   var finalPolls = 0;
@@ -98,13 +99,21 @@
 
   // Nodes sample on their own clocks: ask from the oldest newest sample of
   // the running tasks, so a node that writes its round a little later is
-  // not skipped (what comes twice is dropped in add).
+  // not skipped (what comes twice is dropped in add). A task whose samples
+  // stopped well before the others' (its node's sampler is away) is left
+  // out: an answer gives each task only `samplesPerTask` after `since`, and
+  // asking from its old last sample would give the others only samples
+  // they have, for as long as it stays running.
   function nextSince(body) {
     var lasts = body.tasks.filter(function (t) { return t.state === "RUNNING"; }).map(function (t) {
       return (tasks[t.taskRole + "-" + t.taskIndex + "#" + t.attempt] || {}).last || "";
     });
     if (lasts.some(function (l) { return !l; })) return "";
-    return lasts.length ? lasts.sort()[0] : since;
+    if (!lasts.length) return since;
+    lasts.sort();
+    var newest = Date.parse(lasts[lasts.length - 1]);
+    var current = lasts.filter(function (l) { return newest - Date.parse(l) <= STALLED_MS; });
+    return current[0];
   }
 
   function poll() {

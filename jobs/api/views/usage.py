@@ -56,14 +56,14 @@ def _task_metrics(request: HttpRequest, username: str, name: str, role: str, ind
                "samples": [usage.sample_json(row) for row in samples]})
 
 
-def _task_json(attempt: TaskAttempt, since: datetime | None, idle: set[int]) -> dict[str, Any]:
+def _task_json(attempt: TaskAttempt, since: datetime | None, idle: set[int], limit: int) -> dict[str, Any]:
     return {
         "taskRole": attempt.task.role, "taskIndex": attempt.task.index, "attempt": attempt.number,
         "state": attempt.state, "node": attempt.node_name, "gpus": attempt.gpus,
         # Simulated GPUs are scheduled but report nothing: no GPU figures, ever.
         "gpusSimulated": bool(attempt.node and attempt.node.gpus_simulated),
         "idleGpus": attempt.pk in idle,
-        "samples": [usage.sample_json(row) for row in usage.task_samples(attempt.pk, since=since)],
+        "samples": [usage.sample_json(row) for row in usage.task_samples(attempt.pk, since=since, limit=limit)],
     }
 
 
@@ -75,9 +75,10 @@ def _job_metrics(request: HttpRequest, username: str, name: str) -> HttpResponse
     attempts = list(TaskAttempt.objects.filter(job=job, number=number).select_related("task", "node")
                     .order_by("task__role", "task__index"))
     idle = usage.idle_attempt_ids(a.pk for a in attempts)
+    limit = usage.samples_per_task(len(attempts))
     return ok({"job": f"{job.owner.username}~{job.name}", "state": job.state, "attempt": number,
-               "sampleSeconds": usage.sample_seconds(),
-               "tasks": [_task_json(attempt, since, idle) for attempt in attempts]})
+               "sampleSeconds": usage.sample_seconds(), "samplesPerTask": limit,
+               "tasks": [_task_json(attempt, since, idle, limit) for attempt in attempts]})
 
 
 task_metrics = resource(GET=_task_metrics)

@@ -92,9 +92,11 @@ def clone_text(job: Job, new_name: str) -> str:
     key = "name" if document is not None and document.protocol == 2 else "jobName"
     if document is None or not isinstance(document.value, dict) or not isinstance(document.value.get(key), str):
         return dump({**job.config, "jobName": new_name}) if protocol_of(text) == 1 else text
-    if document.yaml is not None:  # a YAML scalar, plain or quoted: a JSON string is a YAML one too
+    if document.yaml is not None:  # a YAML scalar, plain, quoted or block: a JSON string is a YAML one too
         node = next(v for k, v in document.yaml.root.value if getattr(k, "value", None) == "name")
         start, end = node.start_mark.index, node.end_mark.index
+        if node.style in ("|", ">"):  # its span ends at the start of a line: the next key stays on its own
+            return text[:start] + json.dumps(new_name, ensure_ascii=False) + "\n" + text[end:]
     else:
         line, column = document.positions[key]
         start = _offset(text, line, column)

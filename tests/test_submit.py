@@ -367,3 +367,17 @@ def test_it_clones_a_v2_job_with_its_secrets_masked(alice):
     assert text.startswith("# One task") and f"name: \"{job.name}_2\"" in text
     masked = [p for p in initial_of(response)["problems"] if p["path"] == "secrets.api_key"]
     assert masked and "type its value" in masked[0]["message"]
+
+
+@pytest.mark.parametrize("style", ["|-", ">-", "|2-"])
+def test_it_clones_a_v2_job_whose_name_is_a_block_scalar_into_yaml_that_reads(alice, style):
+    """A block scalar's span runs to the start of the next line: the new
+    name took its line break, and `type: job` came to stand on the name's
+    line (YAML that no longer read)."""
+    from jobs.spec import read_config
+
+    name = unique("v2block")
+    job = submit(alice, SIMPLE_V2.replace("name: NAME", f"name: {style}\n  {name}\n"))
+    text = initial_of(client_for(alice).get(SUBMIT, {"clone": job.pk}))["text"]
+    assert f'name: "{name}_2"\n\ntype: job\n' in text or f'name: "{name}_2"\ntype: job\n' in text
+    assert read_config(text).value["name"] == f"{name}_2"

@@ -207,12 +207,15 @@ def attempt_mark_running(attempt_id: int, *, container_id: str, started_at: date
         ) == 1
         if changed:
             # The earliest start, whichever task's is recorded first: the
-            # agents of a job's tasks report in their own order.
+            # agents of a job's tasks report in their own order. Not once the
+            # attempt has ended (another task's exit decided it while this one
+            # was starting): its end is recorded, and a start after it would
+            # put the job's start past its end.
             earlier = Q(started_at__isnull=True) | Q(started_at__gt=started_at)
-            Job.objects.filter(earlier, pk=attempt.job_id, attempt_number=attempt.number).update(started_at=started_at)
-            JobAttempt.objects.filter(earlier, job_id=attempt.job_id, number=attempt.number).update(
-                started_at=started_at
-            )
+            Job.objects.filter(earlier, pk=attempt.job_id, attempt_number=attempt.number,
+                               state__in=(State.RUNNING, State.STOPPING)).update(started_at=started_at)
+            JobAttempt.objects.filter(earlier, job_id=attempt.job_id, number=attempt.number,
+                                      state=State.RUNNING).update(started_at=started_at)
     return changed
 
 

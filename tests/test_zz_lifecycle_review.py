@@ -1,0 +1,33 @@
+"""Lifecycle review findings: each test failed before its fix."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from jobs import services
+from jobs.models import JobAttempt, State, TaskAttempt
+from tests.helpers import role
+from tests.test_lifecycle import exit_, fresh, gpu_job, node  # noqa: F401 (node is a fixture)
+
+
+def test_a_task_that_starts_after_its_job_ended_does_not_move_the_jobs_start_past_its_end(alice, node):
+    """One task's launch failed and ended the job while another was still
+    launching; that one's container started a moment later. The job (and
+    its attempt) ended before it: their start must not come after their end
+    (the API promises createdTime <= appLaunchedTime <= appCompletedTime)."""
+    job = gpu_job(alice, node, role(tasks=2))
+    services.schedule_pass()
+    first, second = TaskAttempt.objects.filter(job=job).order_by("task__index")
+    for attempt in (first, second):
+        assert services.attempt_claim_launch(attempt.pk)
+    base = timezone.now()
+    assert exit_(first, None, exit_type="IMAGE_PULL", error="pull access denied", finished_at=base)
+    job = fresh(job)
+    assert job.state == State.FAILED
+    services.attempt_mark_running(second.pk, container_id="c-2", started_at=base + timedelta(seconds=1))
+    job = fresh(job)
+    attempt = JobAttempt.objects.get(job=job, number=1)
+    assert job.started_at is None or job.started_at <= job.finished_at
+    assert attempt.started_at is None or attempt.started_at <= attempt.finished_at

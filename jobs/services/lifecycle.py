@@ -276,7 +276,10 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
         _release([attempt_id])
         job_attempt = JobAttempt.objects.get(job=job, number=attempt.number)
         if job.state == State.STOPPING:
-            _maybe_finish_stopping(job.pk, _attempt_end(job.pk, attempt.number, now))
+            # The job's current attempt ends, whichever attempt's task this
+            # was: one of an earlier attempt (stopped when that attempt
+            # failed) may be reported last, its end long before this one's.
+            _maybe_finish_stopping(job.pk, _attempt_end(job.pk, job.attempt_number, now))
         elif job_attempt.state == State.RUNNING and attempt.number == job.attempt_number:
             spec = job.spec
             # In the order the tasks ended (the containers' own end times), so

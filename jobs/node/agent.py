@@ -347,6 +347,15 @@ class NodeAgent:
             if attempt.state in (TaskState.ASSIGNED, TaskState.LAUNCHING):
                 services.attempt_mark_running(attempt_id, container_id=container.id, started_at=container.started_at)
             self.watchers.watch(attempt_id, container.id)
+            if attempt.stop_reason and container.running:
+                # A stop was asked (the job stopped or ended, a drain) and this
+                # agent's watcher, gone with its process or never made, was the
+                # only one to know: its SIGKILL after the grace period went
+                # with it. A program that ignores SIGTERM would otherwise run on
+                # and keep its job STOPPING (or a completed job's GPUs) for good.
+                watcher = self.watchers.get(attempt_id)
+                if watcher is not None:
+                    watcher.request_stop()
         return seen
 
     def _relaunch_missing(self, seen: set[int], *, fresh_start: bool) -> None:

@@ -1,4 +1,5 @@
-"""Lifecycle review findings: each test failed before its fix."""
+"""Lifecycle edges from a review: a job's times when its tasks start or report
+late, and a stop that must outlive a node agent's restart."""
 
 from __future__ import annotations
 

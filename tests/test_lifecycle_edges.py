@@ -1,5 +1,6 @@
 """Lifecycle edges from a review: a job's times when its tasks start or report
-late, and a stop that must outlive a node agent's restart."""
+late. (A stop that must outlive a node agent's restart is in
+test_node_agent_edges.py, on the real engine.)"""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ from django.utils import timezone
 
 from jobs import services
 from jobs.models import JobAttempt, State, TaskAttempt
-from jobs.node import launcher
-from jobs.node.agent import NodeAgent
-from jobs.node.context import Watchers
 from tests.helpers import role
 from tests.test_lifecycle import exit_, fresh, gpu_job, node, start  # noqa: F401 (node is a fixture)
 
@@ -63,47 +61,3 @@ def test_a_stopped_retry_ends_at_its_own_tasks_end_when_an_earlier_attempts_task
     assert job.state == State.STOPPED
     assert attempt.started_at == base + timedelta(seconds=5)
     assert job.finished_at == attempt.finished_at == base + timedelta(seconds=20)
-
-
-class _Watcher:
-    """A watcher as the agent's Watchers make them (context.Watch): what
-    was asked of it. Its container is only a row here (no Docker engine)."""
-
-    def __init__(self) -> None:
-        self.started = self.stops = 0
-
-    def start(self) -> None:
-        self.started += 1
-
-    def request_stop(self) -> None:
-        self.stops += 1
-
-
-class _NotLaunching:
-    def is_launching(self, attempt_id: int) -> bool:
-        return False
-
-
-def test_an_agent_restarted_while_a_task_was_stopping_stops_it_again(alice, node):
-    """The stop reached the agent, which sent SIGTERM and would have killed
-    the container after the grace period; the agent restarted meanwhile (a
-    deploy), and the program ignores SIGTERM. The restarted agent adopts the
-    container: it must stop it again, or the job stays STOPPING for as long
-    as the program runs (and a completed job's task holds its GPUs)."""
-    job = gpu_job(alice, node, role(tasks=1))
-    task = start(job)["main-0"]
-    assert services.job_stop(job=job, by=alice).state == State.STOPPING
-
-    info = services.NodeInfo(name=node.name, address=node.address, docker_host=node.docker_host, engine_id="",
-                             cpus=node.cpus, memory_mb=node.memory_mb)
-    agent = NodeAgent(info, engine=None, engine_cpus=16)  # type: ignore[arg-type]
-    made: dict[int, _Watcher] = {}
-    agent.watchers = Watchers(lambda attempt_id, container_id: made.setdefault(attempt_id, _Watcher()))
-    agent.runner = _NotLaunching()  # type: ignore[assignment]
-    running = launcher.ContainerState(id=f"fake-{task.pk}", running=True, exit_code=None, oom_killed=False, error="",
-                                      started_at=timezone.now(), finished_at=None,
-                                      labels={launcher.LABEL_TASK_ATTEMPT: str(task.pk)})
-    agent._adopt_containers([running])
-
-    assert made[task.pk].started == 1
-    assert made[task.pk].stops == 1

@@ -10,6 +10,7 @@ the real ones.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,7 +21,7 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 
 from jobs import queues, services, storage
-from jobs.models import ACTIVE_TASK_STATES, ExitType, Job, Node, NodeJoinToken, TaskAttempt, TaskState
+from jobs.models import ACTIVE_TASK_STATES, ExitType, Job, Node, NodeJoinToken, State, TaskAttempt, TaskState
 from jobs.node import launcher
 from jobs.node.agent import NodeAgent
 from jobs.node.context import NodeContext, Watchers
@@ -31,6 +32,7 @@ from jobs.node.runner import Runner
 from jobs.node.watcher import TaskWatcher
 from jobs.services import join_tokens, nodes
 from jobs.services.lifecycle import ContainerExit
+from tests.cluster import wait_for
 from tests.helpers import config, role, submit
 
 
@@ -252,6 +254,35 @@ def test_a_lost_node_stays_lost_when_its_agent_registers_until_nothing_given_up_
     assert agent._runs_no_orphan()
     assert services.node_heartbeat(node.pk, back_ready=agent._runs_no_orphan)
     assert Node.objects.get(pk=node.pk).status == Node.Status.READY
+
+
+# ------------------------------- a stop whose agent restarted in its grace
+
+def test_an_agent_restarted_in_a_stops_grace_period_stops_the_task_again(alice, node, engine, settings):
+    # The stop reached the agent, which sent SIGTERM and would have killed
+    # the container after the grace period; the agent restarted meanwhile (a
+    # deploy), and the program ignores SIGTERM. The restarted agent adopted
+    # the container as a plain running task: the job stayed STOPPING for as
+    # long as the program ran.
+    settings.STOP_GRACE_SECONDS = 1
+    attempt = placed_attempt(alice, node)
+    assert services.attempt_claim_launch(attempt.pk)
+    deaf = left_behind(engine, attempt, node, command="trap '' TERM; while :; do sleep 1; done", ended=False)
+    assert services.attempt_mark_running(attempt.pk, container_id=deaf)
+    job = services.job_stop(job=attempt.job, by=alice)
+    assert job.state == State.STOPPING
+    engine.signal(deaf, "SIGTERM")  # what the agent before the restart did
+    time.sleep(0.5)
+    assert engine.state(deaf).running  # ignored
+
+    agent = restarted_agent(node, engine)
+    agent.follower.start()
+    try:
+        agent.reconcile(fresh_start=True)
+        wait_for(lambda: not engine.state(deaf).running, timeout=30, what="the container killed after the grace")
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == State.STOPPED, timeout=30, what="the job STOPPED")
+    finally:
+        agent.follower.stop()
 
 
 # ---------------------------- a stop asked of an agent that died launching

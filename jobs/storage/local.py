@@ -8,6 +8,7 @@ stay under the root before it is touched.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import stat as stat_module
@@ -123,14 +124,30 @@ class LocalBackend(Backend):
 
     @contextmanager
     def _open(self, path: str) -> Iterator[BinaryIO]:
+        with self._open_file(path) as stream:
+            yield stream
+
+    def _open_file(self, path: str) -> BinaryIO:
         try:
-            stream = open(self._real(path), "rb")
+            return open(self._real(path), "rb")
         except FileNotFoundError:  # removed since it was looked up
             raise StorageNotFound(f"{path} does not exist") from None
+        except IsADirectoryError:  # made a folder since
+            raise StorageError(f"{path} is a folder; expected a file") from None
         except OSError as exc:
             raise _error(path, exc) from None
-        with stream:
-            yield stream
+
+    def open_download(self, path: str, *, chunk_size: int = CHUNK) -> tuple[Entry, Iterator[bytes]]:
+        """The file is opened now and its size is that of what was opened: a
+        file replaced (moved into place whole) before the client reads a
+        byte still goes out whole as it was, not the new one cut to the old
+        one's length."""
+        entry = self.require(path)  # a folder, a fifo or nothing is refused before anything is opened
+        if entry.is_dir:
+            raise StorageError(f"{path} is a folder; expected a file")
+        stream = self._open_file(path)
+        size = os.fstat(stream.fileno()).st_size
+        return dataclasses.replace(entry, size=size), _Chunks(stream, chunk_size)
 
     def _write(self, path: str, stream: BinaryIO, *, overwrite: bool) -> int:
         real = self._real(path)
@@ -241,6 +258,22 @@ class LocalBackend(Backend):
                 raise StorageError(f"{path} is not empty") from None
             raise _error(path, exc) from None
         return True
+
+
+class _Chunks:
+    """An open file's content in chunks. A class and not a generator:
+    closing it closes the file even when nothing was read yet (a refused
+    or cancelled download)."""
+
+    def __init__(self, stream: BinaryIO, chunk_size: int) -> None:
+        self._stream, self._chunk_size = stream, chunk_size
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self._stream.read(self._chunk_size):
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 def _error(path: str, exc: OSError) -> StorageError:

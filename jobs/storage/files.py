@@ -108,11 +108,15 @@ def upload_staging(reader: Reader) -> Staging:
     """Where the files of one upload request are stored as they arrive:
     /.pai-upload-staging/<user>, made by the portal and owned by the user
     (0700 on HDFS), like a home. Outside the homes, so files not yet checked
-    count against no quota; hidden from listings by its name."""
+    count against no quota; hidden from listings by its name. A user's
+    upload may hold no more than the whole quota (whatever it replaces, no
+    more can fit): the quota itself is checked as files_save moves them."""
     folder = f"{UPLOAD_STAGING}/{reader.name}"
     if storage.backend().stat(folder) is None:
         storage.backend().make_home(folder, owner=reader.name)
-    return Staging(store=storage.backend_for(reader), folder=folder)
+    limits = None if reader.is_admin else quota.limits()  # admins write to shared folders too: nobody's quota
+    most = limits.bytes if limits is not None and limits.bytes else None
+    return Staging(store=storage.backend_for(reader), folder=folder, max_bytes=most)
 
 
 def files_save(reader: Reader, folder: str, items: list[tuple[str, StagedFile]], *, overwrite: bool) -> list[str]:

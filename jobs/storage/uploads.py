@@ -27,7 +27,7 @@ from django.conf import settings
 from django.http import HttpRequest, QueryDict
 
 from jobs.storage.base import PARTIAL_PREFIX, Backend
-from jobs.storage.errors import StorageError
+from jobs.storage.errors import StorageError, StorageQuotaExceeded
 from jobs.storage.multipart import Field, Limits, MultipartReader, boundary_of
 from jobs.storage.paths import join
 
@@ -35,6 +35,7 @@ from jobs.storage.paths import join
 # (Django's test client).
 READ_SIZE = 256 * 1024
 FILES_FIELD = "files"
+MB = 1024 * 1024
 
 
 @dataclass
@@ -52,8 +53,13 @@ class Staging:
 
     store: Backend
     folder: str
+    # What one request may store here in all (the staging folder is outside
+    # the quota, so without it a file of any size was stored whole before
+    # the quota refused it); None: no limit.
+    max_bytes: int | None = None
     files: list[StagedFile] = field(default_factory=list)
     error: StorageError | None = None
+    received: int = 0
 
     def discard(self) -> None:
         """Remove every temporary file (a refused, failed or broken upload)."""
@@ -63,6 +69,15 @@ class Staging:
             except StorageError:
                 pass  # storage unreachable: a hidden temporary file stays behind
         self.files.clear()
+
+    def within_limit(self, pieces: Iterable[memoryview]) -> Iterator[memoryview]:
+        """The pieces, until the request's files pass max_bytes together."""
+        for piece in pieces:
+            self.received += len(piece)
+            if self.max_bytes is not None and self.received > self.max_bytes:
+                raise StorageQuotaExceeded(f"storage quota exceeded: this upload is larger than the whole quota, "
+                                           f"{self.max_bytes / MB:.1f} MB (STORAGE_QUOTA_MB)")
+            yield piece
 
 
 def receive(request: HttpRequest, staging: Staging) -> QueryDict:
@@ -79,7 +94,7 @@ def receive(request: HttpRequest, staging: Staging) -> QueryDict:
         elif part.name == FILES_FIELD and staging.error is None:
             temp = join(staging.folder, f"{PARTIAL_PREFIX}{secrets.token_hex(12)}")
             try:
-                size = staging.store.write_new(temp, reader.data())
+                size = staging.store.write_new(temp, staging.within_limit(reader.data()))
             except StorageError as exc:
                 staging.error = exc
                 continue

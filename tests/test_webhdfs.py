@@ -63,7 +63,7 @@ def test_it_writes_lists_reads_and_deletes_files_on_hdfs(service, hdfs_cluster, 
     mine = service.as_user(alice.username)
     known = tmp_path / "train.py"
     known.write_bytes(b"print(2)\n")
-    with open(known, "rb") as stream:  # a real file: sent with its Content-Length
+    with open(known, "rb") as stream:  # a real file
         assert mine.write(f"{home}/code/train.py", stream) == 9
     data = os.urandom(3 * MB + 5)
     chunked = io.BufferedReader(io.BytesIO(data))  # no length, no fileno: sent in chunks

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import io
+import time
+
+import pytest
 
 from jobs import storage
 from jobs.storage import files, uploads
 from jobs.storage.local import LocalBackend
+from jobs.storage.webhdfs import WebHdfsBackend
+from tests.hdfs_cluster import SERVICE_USER
 
 MB = 1024 * 1024
 
@@ -50,3 +55,36 @@ def test_an_upload_stops_being_stored_once_it_holds_more_than_the_quota(alice, a
     staged = storage.backend().root / files.UPLOAD_STAGING.lstrip("/") / alice.username
     assert staged.is_dir() and not list(staged.iterdir())  # what was stored is removed
     assert storage.backend().stat(f"/{alice.username}/big.bin") is None
+
+
+class _BreaksMidway:
+    """A local file whose reading fails after its first 512 KB (a disk
+    error, a node agent going down as it uploads a task's output)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self, size: int = -1) -> bytes:
+        self.reads += 1
+        if self.reads > 2:
+            raise OSError("the output could not be read")
+        return b"n" * (256 * 1024)
+
+
+@pytest.mark.services
+def test_a_write_over_a_file_on_hdfs_that_fails_midway_keeps_the_old_file(hdfs_cluster, alice) -> None:
+    """An output upload replaces what an earlier attempt left in outputDir.
+    HDFS's CREATE with overwrite truncates the old file at once: a write
+    that failed midway left half of the new file where the old one was."""
+    service = WebHdfsBackend(hdfs_cluster.url, user=SERVICE_USER)
+    home = f"/{alice.username}"
+    service.make_home(home, owner=alice.username)
+    mine = service.as_user(alice.username)
+    mine.write(f"{home}/out/model.bin", io.BytesIO(b"old model"))
+    with pytest.raises((OSError, storage.StorageError)):
+        mine.write(f"{home}/out/model.bin", _BreaksMidway(), overwrite=True)
+    time.sleep(1)  # the datanode closes what it was sent once it sees the end
+    assert b"".join(mine.iter_bytes(f"{home}/out/model.bin")) == b"old model"
+    assert [e.name for e in mine.list(f"{home}/out")] == ["model.bin"]
+    listing = hdfs_cluster.webhdfs("GET", f"{home}/out", op="LISTSTATUS").json()["FileStatuses"]["FileStatus"]
+    assert [s["pathSuffix"] for s in listing] == ["model.bin"]  # no hidden partial file left either

@@ -13,9 +13,8 @@ Kerberos (SPNEGO) and delegation tokens are not supported.
 from __future__ import annotations
 
 import http.client
-import io
 import json
-import os
+import secrets
 import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -144,10 +143,21 @@ class WebHdfsBackend(Backend):
         return Entry(path=path, is_dir=False, size=size, modified=None), _Download(response, chunk_size)
 
     def _write(self, path: str, stream: BinaryIO, *, overwrite: bool) -> int:
-        with self._errors(path):
-            self.client.write(path, data=_body(stream), overwrite=overwrite)
-            status = self.client.status(path)
-        return int(status["length"])
+        """Written beside the target under a hidden name, then renamed over
+        it (rename2, atomic), as on local disk: a CREATE with overwrite
+        empties the old file at once, so a write that failed midway left
+        half of the new file where the old one was, and readers saw it."""
+        temp = join(parent(path), f"{PARTIAL_PREFIX}{secrets.token_hex(12)}")
+        size = self.write_new(temp, _Body(stream))
+        try:
+            self.rename(temp, path, overwrite=overwrite)
+        except BaseException:
+            try:
+                self.delete(temp)
+            except StorageError:
+                pass  # HDFS unreachable: a hidden partial file stays behind (listings skip it)
+            raise
+        return size
 
     def write_new(self, path: str, pieces: Iterable[bytes | memoryview]) -> int:
         """One CREATE whose body is the pieces, sent as they come: the upload
@@ -264,19 +274,6 @@ class WebHdfsBackend(Backend):
             raise StorageAccessDenied("the HDFS root cannot be deleted")
         with self._errors(path):
             return bool(self.client.delete(path, recursive=recursive))
-
-
-def _body(stream: BinaryIO) -> Any:
-    """What requests should send. A file of known size goes as it is (read in
-    blocks, with a Content-Length); anything else goes chunk by chunk with
-    chunked transfer encoding. Either way nothing is held in memory whole."""
-    if hasattr(stream, "__len__"):  # Django's uploaded files
-        return stream
-    try:
-        os.fstat(stream.fileno())
-        return stream
-    except (AttributeError, OSError, io.UnsupportedOperation):
-        return _Body(stream)
 
 
 class _Body:

@@ -6,6 +6,7 @@ import io
 import time
 
 import pytest
+from django.test import Client, override_settings
 
 from jobs import storage
 from jobs.storage import files, uploads
@@ -88,3 +89,22 @@ def test_a_write_over_a_file_on_hdfs_that_fails_midway_keeps_the_old_file(hdfs_c
     assert [e.name for e in mine.list(f"{home}/out")] == ["model.bin"]
     listing = hdfs_cluster.webhdfs("GET", f"{home}/out", op="LISTSTATUS").json()["FileStatuses"]["FileStatus"]
     assert [s["pathSuffix"] for s in listing] == ["model.bin"]  # no hidden partial file left either
+
+
+@pytest.mark.services
+def test_an_upload_with_a_name_too_long_for_storage_stores_none_of_its_files(hdfs_cluster, alice) -> None:
+    """HDFS (like most file systems) takes names of at most 255 bytes, and
+    found out only as the files were moved into place: the files before
+    the long name were stored by an upload that was refused."""
+    long_name = "é" * 128  # 256 bytes in UTF-8
+    with override_settings(**hdfs_cluster.portal_settings()):
+        client = Client()
+        client.force_login(alice)
+        home = f"/{alice.username}"
+        first, second = io.BytesIO(b"first"), io.BytesIO(b"second")
+        first.name, second.name = "a.txt", "b.txt"
+        refused = client.post("/storage/upload/", {"path": home, "files": [first, second],
+                                                   "names": ["a.txt", long_name]},
+                              headers={"accept": "application/json"})
+        assert refused.status_code == 400 and "longer than 255 bytes" in refused.json()["error"]
+        assert storage.backend().stat(f"{home}/a.txt") is None

@@ -40,14 +40,18 @@ _LATEST_RE = re.compile(r"#LATEST(?:\{\d+\})?$")
 # recurses once per missing folder (Python stops at 1,000 frames), the
 # backends' tree walks recurse per level, and HDFS refuses paths deeper than 1,000.
 MAX_DEPTH = 100
+# Bytes (UTF-8) a name may have: HDFS's default limit
+# (dfs.namenode.fs-limits.max-component-length) and most file systems'. HDFS
+# finds a longer one only as it is written, after an upload's other files.
+MAX_NAME_BYTES = 255
 # How much of a refused path a message quotes.
 _SHOWN_CHARS = 80
 
 
 def normalize(path: str, *, typed: str | None = None) -> str:
     """"/a//b/./c/" -> "/a/b/c". Refuses `..`, control characters, lone
-    surrogates and more than MAX_DEPTH parts; messages quote `typed`, what
-    the user wrote, when given."""
+    surrogates, names over MAX_NAME_BYTES and more than MAX_DEPTH parts;
+    messages quote `typed`, what the user wrote, when given."""
     if _CONTROL_RE.search(path):
         raise StorageError(f'"{typed or path}" contains control characters')
     # Lone surrogates (a form's RFC 2231 file name can decode to them) are no
@@ -61,6 +65,10 @@ def normalize(path: str, *, typed: str | None = None) -> str:
     if any(_LATEST_RE.search(part) for part in parts):
         raise StorageError(f'"{_shown(typed or path)}" has a name ending in #LATEST, which HDFS clients read as '
                            "the newest entry of its folder; rename it")
+    # A part of at most MAX_NAME_BYTES // 4 characters cannot pass it: encoded only past that.
+    if any(len(part) > MAX_NAME_BYTES // 4 and len(part.encode()) > MAX_NAME_BYTES for part in parts):
+        raise StorageError(f'"{_shown(typed or path)}" has a name longer than {MAX_NAME_BYTES} bytes (in UTF-8), '
+                           "more than storage takes; shorten it")
     if len(parts) > MAX_DEPTH:
         raise StorageError(f'"{_shown(typed or path)}" has {len(parts)} parts; a storage path may have at most '
                            f"{MAX_DEPTH} (its folders and the name at its end)")

@@ -108,3 +108,24 @@ def test_an_upload_with_a_name_too_long_for_storage_stores_none_of_its_files(hdf
                               headers={"accept": "application/json"})
         assert refused.status_code == 400 and "longer than 255 bytes" in refused.json()["error"]
         assert storage.backend().stat(f"{home}/a.txt") is None
+
+
+def test_a_data_file_that_grows_as_it_is_staged_is_copied_no_further_than_the_limit(alice, tmp_path,
+                                                                                     monkeypatch) -> None:
+    """A dataDir of one file was copied to the node until its end, however
+    far it had grown (appended meanwhile) past DATA_DIR_MAX_MB: a folder's
+    files stop at the limit."""
+    path = f"/{alice.username}/data.bin"
+    storage.backend().write(path, io.BytesIO(b"d" * 500), overwrite=True)
+    real = storage.backend().root / path.lstrip("/")
+    open_file = LocalBackend._open
+
+    def appended_meanwhile(self, opened: str):
+        with open(real, "ab") as out:  # another writer, between the look and the read
+            out.write(b"g" * 5000)
+        return open_file(self, opened)
+
+    monkeypatch.setattr(LocalBackend, "_open", appended_meanwhile)
+    with pytest.raises(storage.StorageError, match="grew past"):
+        storage.stage_data(path, tmp_path / "data", max_bytes=1000)
+    assert (tmp_path / "data" / "data.bin").stat().st_size <= 1000

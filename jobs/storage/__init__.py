@@ -37,7 +37,7 @@ from django.conf import settings
 
 from jobs.storage import paths, quota
 from jobs.storage.access import Reader, check_read, check_write, may_write
-from jobs.storage.base import CHUNK, Backend, Entry
+from jobs.storage.base import Backend, Entry, copy_limited
 from jobs.storage.errors import (StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded,
                                  StorageUnavailable)
 from jobs.storage.registry import storage_for_backend
@@ -219,12 +219,9 @@ def stage_data(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = 
     if entry.is_dir:
         return store.download_tree(path, dest, max_bytes=max_bytes), True
     dest.mkdir(parents=True, exist_ok=True)
-    copied = 0
     with store.open_read(path, entry=entry) as source, open(dest / entry.name, "wb") as out:
-        while chunk := source.read(CHUNK):
-            copied += len(chunk)
-            out.write(chunk)
-    return copied, True
+        # Appended to since it was looked at: still no further than the limit.
+        return copy_limited(source, out, max_bytes, to_uri(path), what="dataDir"), True
 
 
 def upload_tree(src: Path, uri: str, *, user_name: str | None = None, reader: Reader | None = None) -> int:

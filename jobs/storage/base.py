@@ -185,7 +185,7 @@ class Backend(ABC):
                 raise StorageError(f"{path} holds more than {_megabytes(max_bytes)} (the limit for a code folder); "
                                    "keep code small and put data in dataDir")
             with self.open_read(entry.path, entry=entry) as source, open(target, "wb") as out:
-                total += _copy_limited(source, out, max_bytes - total, path)
+                total += copy_limited(source, out, max_bytes - total, path)
         return total
 
     def upload_tree(self, src: Path, path: str, *, overwrite: bool = True) -> int:
@@ -210,13 +210,13 @@ def _megabytes(size: int) -> str:
     return f"{size / (1024 * 1024):g} MB"
 
 
-def _copy_limited(source: BinaryIO, out: BinaryIO, limit: int, folder: str) -> int:
+def copy_limited(source: BinaryIO, out: BinaryIO, limit: int, folder: str, *, what: str = "a code folder") -> int:
     """Copy until EOF; a file that grew since it was listed still cannot
-    take the copy past the limit."""
+    take the copy past the limit (for `what`)."""
     copied = 0
     while chunk := source.read(CHUNK):
         copied += len(chunk)
         if copied > limit:
-            raise StorageError(f"{folder} grew past the limit for a code folder while it was copied")
+            raise StorageError(f"{folder} grew past the limit for {what} while it was copied")
         out.write(chunk)
     return copied

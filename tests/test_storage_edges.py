@@ -1,4 +1,8 @@
-"""Storage review findings: each test failed before its fix."""
+"""Storage at its edges, from review (each test failed before its fix): a
+download of a file replaced meanwhile, an upload larger than the quota,
+a write over a file on HDFS that fails midway, a name too long for
+storage, and a data file that grows while a node copies it. The two HDFS
+tests run on the minicluster (tests/hdfs_cluster.py)."""
 
 from __future__ import annotations
 

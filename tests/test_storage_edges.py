@@ -133,3 +133,23 @@ def test_a_data_file_that_grows_as_it_is_staged_is_copied_no_further_than_the_li
     with pytest.raises(storage.StorageError, match="grew past"):
         storage.stage_data(path, tmp_path / "data", max_bytes=1000)
     assert (tmp_path / "data" / "data.bin").stat().st_size <= 1000
+
+
+def test_a_data_folder_that_grows_past_its_limit_is_named_as_data_not_code(alice, tmp_path) -> None:
+    """A dataDir folder past DATA_DIR_MAX_MB once copying began was called a
+    code folder, with advice to put the data in dataDir."""
+    folder = f"/{alice.username}/grows"
+    storage.backend().write(f"{folder}/a.bin", io.BytesIO(b"a" * 800), overwrite=True)
+    real = storage.backend().root / folder.lstrip("/")
+    look = LocalBackend.usage
+
+    def written_meanwhile(self, path: str):
+        measured = look(self, path)
+        (real / "b.bin").write_bytes(b"b" * 800)  # another writer, between the look and the copy
+        return measured
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LocalBackend, "usage", written_meanwhile)
+        with pytest.raises(storage.StorageError) as refused:
+            storage.stage_data(folder, tmp_path / "data", max_bytes=1000)
+    assert "the limit for dataDir" in str(refused.value) and "code" not in str(refused.value)

@@ -217,7 +217,7 @@ def stage_data(uri: str, dest: Path, *, max_bytes: int, user_name: str | None = 
     if size > max_bytes:
         return size, False
     if entry.is_dir:
-        return store.download_tree(path, dest, max_bytes=max_bytes), True
+        return store.download_tree(path, dest, max_bytes=max_bytes, what="dataDir"), True
     dest.mkdir(parents=True, exist_ok=True)
     with store.open_read(path, entry=entry) as source, open(dest / entry.name, "wb") as out:
         # Appended to since it was looked at: still no further than the limit.

@@ -18,6 +18,7 @@ from typing import BinaryIO
 from jobs.storage.errors import StorageError, StorageNotFound
 
 CHUNK = 1024 * 1024
+CODE_FOLDER = "a code folder"  # what download_tree's limit is for, unless told
 
 
 # Temporary names (a streamed upload before it is moved into place, a local
@@ -170,8 +171,9 @@ class Backend(ABC):
         files = [inner for _relative, inner in self.walk(path) if not inner.is_dir]
         return sum(f.size for f in files), len(files)
 
-    def download_tree(self, path: str, dest: Path, *, max_bytes: int) -> int:
-        """Copy a folder into the local folder `dest`, refusing past max_bytes."""
+    def download_tree(self, path: str, dest: Path, *, max_bytes: int, what: str = CODE_FOLDER) -> int:
+        """Copy a folder into the local folder `dest`, refusing past max_bytes
+        (the limit for `what`: a code folder, or dataDir)."""
         if not self.require(path).is_dir:
             raise StorageError(f"{path} is a file; expected a folder")
         dest.mkdir(parents=True, exist_ok=True)
@@ -182,10 +184,10 @@ class Backend(ABC):
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             if total + entry.size > max_bytes:
-                raise StorageError(f"{path} holds more than {_megabytes(max_bytes)} (the limit for a code folder); "
-                                   "keep code small and put data in dataDir")
+                advice = "; keep code small and put data in dataDir" if what == CODE_FOLDER else ""
+                raise StorageError(f"{path} holds more than {_megabytes(max_bytes)} (the limit for {what}){advice}")
             with self.open_read(entry.path, entry=entry) as source, open(target, "wb") as out:
-                total += copy_limited(source, out, max_bytes - total, path)
+                total += copy_limited(source, out, max_bytes - total, path, what=what)
         return total
 
     def upload_tree(self, src: Path, path: str, *, overwrite: bool = True) -> int:
@@ -210,7 +212,7 @@ def _megabytes(size: int) -> str:
     return f"{size / (1024 * 1024):g} MB"
 
 
-def copy_limited(source: BinaryIO, out: BinaryIO, limit: int, folder: str, *, what: str = "a code folder") -> int:
+def copy_limited(source: BinaryIO, out: BinaryIO, limit: int, folder: str, *, what: str = CODE_FOLDER) -> int:
     """Copy until EOF; a file that grew since it was listed still cannot
     take the copy past the limit (for `what`)."""
     copied = 0

@@ -285,6 +285,30 @@ def test_an_agent_restarted_in_a_stops_grace_period_stops_the_task_again(alice, 
         agent.follower.stop()
 
 
+def test_a_stop_whose_request_never_reached_the_agent_is_made_by_its_next_reconciliation(alice, node, engine,
+                                                                                          settings):
+    # The job was stopped, but the request to the task's agent was lost
+    # (Redis restarted empty, or the agent's worker died holding it): the
+    # task ran on and the job stayed STOPPING until stopped again.
+    settings.STOP_GRACE_SECONDS = 1
+    attempt = placed_attempt(alice, node)
+    assert services.attempt_claim_launch(attempt.pk)
+    running = left_behind(engine, attempt, node, command="trap '' TERM; while :; do sleep 1; done", ended=False)
+    assert services.attempt_mark_running(attempt.pk, container_id=running)
+    agent = restarted_agent(node, engine)
+    agent.follower.start()
+    try:
+        agent.reconcile(fresh_start=True)
+        assert agent.watchers.get(attempt.pk) is not None
+        job = services.job_stop(job=attempt.job, by=alice)  # its request goes to a queue nobody serves here
+        assert job.state == State.STOPPING
+        agent.reconcile()  # as its reconcile loop does
+        wait_for(lambda: not engine.state(running).running, timeout=30, what="the container stopped")
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == State.STOPPED, timeout=30, what="the job STOPPED")
+    finally:
+        agent.follower.stop()
+
+
 # ---------------------------- a stop asked of an agent that died launching
 
 def test_a_launch_given_back_after_its_agent_died_is_not_made_again_once_its_job_was_stopped(alice, node):

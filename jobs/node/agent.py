@@ -329,6 +329,11 @@ class NodeAgent:
                 # changes nothing (the attempt has ended already).
                 if orphan and container.running:
                     watcher.request_stop()
+                elif attempt is not None and attempt.stop_reason and container.running:
+                    # A stop the database holds whose request never came
+                    # (Redis lost it, or the agent that took it died): the
+                    # job would stay STOPPING, or an ended job's task run on.
+                    watcher.ensure_stopping()
                 continue
             if orphan:
                 self.engine.remove(container.id)  # an orphan: its task is over
@@ -353,9 +358,11 @@ class NodeAgent:
                 # only one to know: its SIGKILL after the grace period went
                 # with it. A program that ignores SIGTERM would otherwise run on
                 # and keep its job STOPPING (or a completed job's GPUs) for good.
+                # The request may still be queued for this agent: when it comes
+                # it must not count as a second one, which kills at once.
                 watcher = self.watchers.get(attempt_id)
                 if watcher is not None:
-                    watcher.request_stop()
+                    watcher.ensure_stopping()
         return seen
 
     def _relaunch_missing(self, seen: set[int], *, fresh_start: bool) -> None:

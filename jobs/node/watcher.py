@@ -64,6 +64,18 @@ class TaskWatcher:
         self.engine.signal(self.container_id, "SIGTERM")
         self.follower.call_later(settings.STOP_GRACE_SECONDS, self._kill_if_running)
 
+    def ensure_stopping(self) -> None:
+        """SIGTERM and SIGKILL after the grace period, unless a stop was
+        asked of this watcher already: for a stop the database holds whose
+        request never reached it (lost with Redis, or with the agent that had
+        it). Not a request of its own: the request itself, arriving after
+        this, must not count as a second one and kill at once."""
+        if self._stop_asked.is_set():
+            return
+        self._stop_asked.set()
+        self.engine.signal(self.container_id, "SIGTERM")
+        self.follower.call_later(settings.STOP_GRACE_SECONDS, self._kill_if_running)
+
     def _kill_if_running(self) -> None:
         if not self._finished:
             self.engine.signal(self.container_id, "SIGKILL")

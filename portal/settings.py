@@ -262,6 +262,10 @@ LOG_MAX_BYTES_PER_JOB = env_int("LOG_MAX_BYTES_PER_JOB", 200 * 1024 * 1024, mini
 LOG_MAX_ROWS_PER_JOB = env_int("LOG_MAX_ROWS_PER_JOB", 2_000_000, minimum=100)
 LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 64 * 1024, minimum=256)
 LOG_FLUSH_SECONDS = env_float("LOG_FLUSH_SECONDS", 0.25, minimum=0.01)
+# Lines a node agent holds in memory before they are stored (text, plus
+# about 64 bytes a line); when full, it reads no more from the engine,
+# which keeps them meanwhile (jobs/node/logwriter.py).
+LOG_WRITER_QUEUE_BYTES = env_int("LOG_WRITER_QUEUE_BYTES", 64 * 1024 * 1024, minimum=1024 * 1024)
 WEB_PORT_LABELS = env_list("WEB_PORT_LABELS", ["jupyter", "http", "https", "tensorboard", "web"])
 # Web-labelled ports are published only on this loopback address of their
 # node, never on its public address; the portal's proxy (jobs/webports/)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,19 @@ def rows_only_attempt(user, name: str, *, running_on=None, **attempt_fields: Any
     return TaskAttempt.objects.create(task=task, job_attempt=job_attempt, job=job, number=1,
                                       state=TaskState.RUNNING if running_on else TaskState.SUCCEEDED,
                                       **where, **attempt_fields)
+
+
+@contextlib.contextmanager
+def log_writes_locked() -> Iterator[None]:
+    """The database away for the node's log writer, for real: this
+    thread's connection holds the write lock every log write needs (SQLite's
+    own, taken at BEGIN IMMEDIATE; on PostgreSQL the log lines' table, in a
+    mode that lets reads through). Rolled back after."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        if connection.vendor != "sqlite":
+            with connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {LogLine._meta.db_table} IN SHARE ROW EXCLUSIVE MODE")
+        yield
+        transaction.set_rollback(True)

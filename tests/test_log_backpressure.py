@@ -18,12 +18,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import services
@@ -33,7 +31,7 @@ from jobs.node.context import NodeContext
 from jobs.node.launcher import ContainerState
 from jobs.node.launcher.docker_logs import SocketLogStream
 from tests.cluster import wait_for
-from tests.helpers import rows_only_attempt
+from tests.helpers import log_writes_locked, rows_only_attempt
 
 BOUND = 256 * 1024  # LOG_WRITER_QUEUE_BYTES here
 LINES = 40_000  # of 100 bytes: 4 MB, sixteen times the bound
@@ -83,7 +81,10 @@ class KeptLogsEngine:
     def break_connections(self, container_id: str) -> None:
         """As an engine restart does: the followed logs end mid-way."""
         for sock in self._containers[container_id].connections:
-            sock.shutdown(socket.SHUT_RDWR)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # ended already
 
     def close(self) -> None:
         for container_id in self._containers:
@@ -122,7 +123,7 @@ class KeptLogsEngine:
             sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.docker.raw-stream\r\n\r\n")
             while True:
                 with self._changed:
-                    self._changed.wait_for(lambda: done < len(container.entries)  # noqa: B023
+                    self._changed.wait_for(lambda: done < len(container.entries)
                                            or not (follow and container.running))
                     chunk = container.entries[done:done + 500]
                 if not chunk:
@@ -150,27 +151,10 @@ def numbered_lines(count: int = LINES) -> list[bytes]:
 # ---------------------------------------------------------------- the agent
 
 
-@dataclass
-class Agent:
-    """A node agent's log path as the agent wires it (NodeAgent): its log
-    writer, its log follower and the watchers of its tasks."""
-
-    agent: NodeAgent
-
-    @property
-    def writer(self):  # noqa: ANN201
-        return self.agent.writer
-
-    @property
-    def follower(self):  # noqa: ANN201
-        return self.agent.follower
-
-    def watch(self, attempt: TaskAttempt, container_id: str) -> None:
-        self.agent.watchers.watch(attempt.pk, container_id)
-
-    def stop(self) -> None:
-        self.agent.follower.stop()
-        self.agent.writer.stop()
+def stop_logs(agent: NodeAgent) -> None:
+    """As the agent's shutdown stops its log path: the follower, then the writer."""
+    agent.follower.stop()
+    agent.writer.stop()
 
 
 @pytest.fixture
@@ -191,11 +175,14 @@ def engine() -> Iterator[KeptLogsEngine]:
 
 
 @pytest.fixture
-def start_agent(settings, node, engine) -> Iterator[Callable[[], Agent]]:
+def start_agent(settings, node, engine) -> Iterator[Callable[[], NodeAgent]]:
+    """A node agent's log path as the agent wires it (its log writer, its
+    log follower asking the writer for room, the watchers of its tasks),
+    started as the agent starts it."""
     settings.LOG_WRITER_QUEUE_BYTES = BOUND
-    started: list[Agent] = []
+    started: list[NodeAgent] = []
 
-    def start() -> Agent:
+    def start() -> NodeAgent:
         info = services.NodeInfo(name=node.name, address=node.address, docker_host=node.docker_host,
                                  engine_id="", cpus=node.cpus, memory_mb=node.memory_mb)
         made = NodeAgent(info, engine, 1)  # type: ignore[arg-type]
@@ -203,30 +190,17 @@ def start_agent(settings, node, engine) -> Iterator[Callable[[], Agent]]:
                                    writer=made.writer, watchers=made.watchers, follower=made.follower)
         made.writer.start()
         made.follower.start()
-        started.append(Agent(made))
-        return started[-1]
+        started.append(made)
+        return made
 
     yield start
     for agent in started:
-        agent.stop()
+        stop_logs(agent)
 
 
 @pytest.fixture
 def attempt(alice, node) -> TaskAttempt:
     return rows_only_attempt(alice, f"logq{uuid.uuid4().hex[:8]}", running_on=node)
-
-
-@contextmanager
-def database_locked() -> Iterator[None]:
-    """Every log write waits while this holds: SQLite's write lock (taken at
-    BEGIN IMMEDIATE), or on PostgreSQL the log lines' table in a mode that
-    lets reads through."""
-    with transaction.atomic():
-        if connection.vendor != "sqlite":
-            with connection.cursor() as cursor:
-                cursor.execute(f"LOCK TABLE {LogLine._meta.db_table} IN SHARE ROW EXCLUSIVE MODE")
-        yield
-        transaction.set_rollback(True)
 
 
 def stalled(read: Callable[[], int], *, quiet: float = 1.0, timeout: float = 30.0) -> int:
@@ -248,6 +222,19 @@ def stored_lines(attempt: TaskAttempt) -> list[tuple[int, str]]:
                 .values_list("seq", "text"))
 
 
+def platform_notes(attempt: TaskAttempt) -> list[str]:
+    return [text.split("Z ", 1)[1] for text in LogLine.objects.filter(attempt=attempt, stream=Stream.PLATFORM)
+            .order_by("seq").values_list("text", flat=True)]
+
+
+def _no_wake() -> None:
+    pass
+
+
+def full(agent: NodeAgent) -> bool:
+    return not agent.writer.has_room(_no_wake)
+
+
 def assert_stored_once_in_order(attempt: TaskAttempt, count: int = LINES) -> None:
     def all_stored() -> bool:
         cursor = LogCursor.objects.filter(attempt=attempt, stream=Stream.STDOUT).first()
@@ -258,11 +245,11 @@ def assert_stored_once_in_order(attempt: TaskAttempt, count: int = LINES) -> Non
     assert stored_lines(attempt) == expected
 
 
-def following(agent: Agent, engine: KeptLogsEngine, attempt: TaskAttempt, container_id: str) -> None:
+def following(agent: NodeAgent, engine: KeptLogsEngine, attempt: TaskAttempt, container_id: str) -> None:
     """Watch a new container of `attempt`'s (before the database goes away:
     the watcher reads its stored cursors first)."""
     engine.run(container_id)
-    agent.watch(attempt, container_id)
+    agent.watchers.watch(attempt.pk, container_id)
     wait_for(lambda: agent.follower.following == 1, what="the container's logs to be followed")
 
 
@@ -273,9 +260,93 @@ def test_the_agent_takes_no_more_from_the_engine_than_its_writer_may_hold_while_
         start_agent, engine, attempt):
     agent = start_agent()
     following(agent, engine, attempt, "c-busy")
-    with database_locked():
+    with log_writes_locked():
         engine.print("c-busy", numbered_lines())
         taken = stalled(lambda: engine.served("c-busy"))
         # The bound, one read past it (256 KB) and what the socket holds; not the 4 MB the task printed.
         assert taken < 4 * BOUND, f"the agent took {taken} bytes off the engine while nothing could be stored"
+    assert_stored_once_in_order(attempt)
+
+
+def test_a_stream_the_engine_broke_while_the_writer_was_full_is_followed_again_from_its_cursor(
+        start_agent, engine, attempt):
+    agent = start_agent()
+    following(agent, engine, attempt, "c-again")
+    with log_writes_locked():
+        engine.print("c-again", numbered_lines())
+        wait_for(lambda: full(agent), what="the log writer to be full")
+        engine.break_connections("c-again")  # the engine restarted meanwhile
+        time.sleep(0.5)
+    # Read again from where the lines handed over end (the engine sends the
+    # whole second again; what is stored or queued already is skipped).
+    assert_stored_once_in_order(attempt)
+    assert agent.follower.following == 1
+
+
+def test_notes_barriers_and_timers_go_on_while_the_writer_is_full(start_agent, engine, attempt):
+    agent = start_agent()
+    following(agent, engine, attempt, "c-notes")
+    with log_writes_locked():
+        engine.print("c-notes", numbered_lines())
+        wait_for(lambda: full(agent), what="the log writer to be full")
+        # A launch's notes from other threads are taken at once ...
+        senders = [threading.Thread(target=lambda n=n: [agent.writer.note(attempt.pk, f"t{n} {i}") for i in range(20)])
+                   for n in range(3)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(5)
+            assert not sender.is_alive(), "a note waited for room"
+        # ... a barrier waits no longer than it was told to ...
+        began = time.monotonic()
+        assert not agent.writer.barrier(timeout=0.5)
+        assert time.monotonic() - began < 5
+        # ... and the follower's loop, which reads nothing now, still fires
+        # its timers (a stop's SIGKILL after the grace period).
+        fired = threading.Event()
+        agent.follower.call_later(0.05, fired.set)
+        assert fired.wait(5)
+        assert full(agent)
+    assert agent.writer.barrier(timeout=60)
+    assert_stored_once_in_order(attempt)
+    notes = platform_notes(attempt)
+    assert sorted(notes) == sorted(f"t{n} {i}" for n in range(3) for i in range(20))
+    assert [note for note in notes if note.startswith("t1 ")] == [f"t1 {i}" for i in range(20)]
+
+
+def test_a_container_that_ends_while_the_writer_is_full_is_recorded_once_its_lines_are_stored(
+        start_agent, engine, attempt):
+    agent = start_agent()
+    following(agent, engine, attempt, "c-ends")
+    with log_writes_locked():
+        engine.print("c-ends", numbered_lines())
+        wait_for(lambda: full(agent), what="the log writer to be full")
+        engine.end("c-ends")
+        time.sleep(0.5)
+        assert TaskAttempt.objects.get(pk=attempt.pk).state == TaskState.RUNNING
+    wait_for(lambda: TaskAttempt.objects.get(pk=attempt.pk).state == TaskState.SUCCEEDED, timeout=120,
+             what="the task's exit to be recorded")
+    assert_stored_once_in_order(attempt)
+    assert not agent.watchers.is_watching(attempt.pk)
+
+
+def test_an_agent_stopped_while_its_follower_waits_for_room_leaves_the_rest_to_the_next_agent(
+        start_agent, engine, attempt):
+    first = start_agent()
+    following(first, engine, attempt, "c-stop")
+    with log_writes_locked():
+        engine.print("c-stop", numbered_lines())
+        wait_for(lambda: full(first), what="the log writer to be full")
+        began = time.monotonic()
+        first.follower.stop()  # as the agent's shutdown does, before the writer's
+        assert time.monotonic() - began < 2, "the follower's loop was stuck waiting for room"
+        stopping = threading.Thread(target=first.writer.stop)
+        stopping.start()
+        time.sleep(0.5)
+    stopping.join(60)
+    assert not stopping.is_alive()
+    assert 0 < LogCursor.objects.get(attempt=attempt, stream=Stream.STDOUT).next_seq < LINES
+    engine.break_connections("c-stop")  # gone with the first agent's process
+    second = start_agent()
+    second.watchers.watch(attempt.pk, "c-stop")
     assert_stored_once_in_order(attempt)

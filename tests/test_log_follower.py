@@ -93,6 +93,38 @@ def test_it_ends_a_stream_the_engine_refuses():
     theirs.close()
 
 
+def test_it_reads_nothing_while_there_is_no_room_and_goes_on_with_its_timers():
+    import socket
+
+    room = threading.Event()
+    wakes: list = []
+
+    def has_room(wake) -> bool:  # noqa: ANN001
+        if not room.is_set():
+            wakes.append(wake)
+        return room.is_set()
+
+    follower = LogFollower(helpers=1, room=has_room)
+    follower.start()
+    ours, theirs = socket.socketpair()
+    try:
+        theirs.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + BODY)
+        theirs.close()
+        got: list = []
+        ended = threading.Event()
+        follower.follow(SocketLogStream(ours), on_entries=got.extend, on_end=ended.set)
+        fired = threading.Event()
+        follower.call_later(0.05, fired.set)
+        assert fired.wait(10)
+        assert not ended.wait(0.3) and got == []  # readable all along, and left unread
+        room.set()
+        wakes[-1]()
+        assert ended.wait(10)
+        assert got == EXPECTED
+    finally:
+        follower.stop()
+
+
 # ------------------------------------------------------------ real engine
 
 

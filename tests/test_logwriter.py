@@ -17,7 +17,7 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import LogCursor, LogLine, Stream, Task, TaskAttempt, TaskState
 from jobs.node.logwriter import LogWriter
-from tests.helpers import rows_only_attempt
+from tests.helpers import log_writes_locked, rows_only_attempt
 
 
 @pytest.fixture
@@ -196,3 +196,34 @@ def test_a_stream_followed_again_resumes_after_the_lines_still_queued_for_it(att
         assert stored(attempt, Stream.STDOUT) == [(0, "first"), (1, "second")]
     finally:
         one.stop()
+
+
+def test_it_has_no_room_past_its_bound_until_what_it_holds_is_written(attempt):
+    # Two lines of 500 characters hold 1000 bytes and 64 a line: past a
+    # bound of 1000, and so until they are written, however long that takes.
+    one = LogWriter(flush_seconds=0.05, queue_bytes=1000)
+    one.start()
+    try:
+        one.open(attempt.pk, Stream.STDOUT)
+        assert one.has_room(lambda: None)
+        woken = threading.Event()
+        wakes: list[int] = []
+
+        def wake() -> None:
+            wakes.append(1)
+            woken.set()
+
+        with log_writes_locked():
+            one.add(attempt.pk, Stream.STDOUT, ["a" * 500, "b" * 500], (10, 2))
+            assert not one.has_room(wake)
+            assert not one.has_room(wake)  # asked again: woken once all the same
+            one.note(attempt.pk, "taken however full")
+            assert not woken.wait(0.5)
+        assert woken.wait(30)
+        assert one.has_room(lambda: None)
+        assert one.barrier()
+        assert wakes == [1]
+    finally:
+        one.stop()
+    assert stored(attempt, Stream.STDOUT) == [(0, "a" * 500), (1, "b" * 500)]
+    assert not one.has_room(lambda: None)  # stopped: what would be read could not be stored

@@ -109,7 +109,7 @@ class NodeAgent:
         self.engine = engine
         self.engine_cpus = engine_cpus
         self.writer = LogWriter()
-        self.follower = LogFollower()
+        self.follower = LogFollower(room=self.writer.has_room)  # reads no more than the writer may hold
         self.notifier = NotificationSender(settings.NOTIFY_THREADS)
         self.watchers = Watchers(self._make_watcher)
         self.context: NodeContext  # made once the node is registered

@@ -12,6 +12,15 @@ stream, inspecting, removing a container, waiting for the log writer) runs
 on a few helper threads shared by all tasks (`submit`), and delayed work
 (SIGKILL after a stop's grace period) is timed by the same loop
 (`call_later`), so the number of threads does not grow with the tasks.
+
+While the log writer is full (the database is away, or slower than the
+tasks print), the loop reads no stream: before each read it asks the writer
+for room (`room`), and without it selects on its wake-up socket alone until
+the writer wakes it. The engine keeps what the tasks print meanwhile (a
+followed log nobody reads waits on its socket; the json-file log driver
+goes on writing to its file), so memory stays bounded and no line is lost.
+The loop itself never blocks on the writer: timers (a stop's SIGKILL), new
+streams and the helpers go on, and `stop()` ends it at once.
 """
 
 from __future__ import annotations
@@ -44,13 +53,22 @@ class _Follow:
     on_end: Callable[[], None]  # runs on a helper thread
 
 
+def _always_room(wake: Callable[[], None]) -> bool:
+    return True
+
+
 class LogFollower:
-    def __init__(self, *, helpers: int = 8) -> None:
-        self._selector = selectors.DefaultSelector()
+    def __init__(self, *, helpers: int = 8, room: Callable[[Callable[[], None]], bool] = _always_room) -> None:
+        """`room(wake)`: whether what is read may be handed over now; if not,
+        the reader of it calls `wake()` once it may (LogWriter.has_room)."""
+        self._room = room
+        self._selector = selectors.DefaultSelector()  # every stream's socket, and the wake-up one
+        self._waiting = selectors.DefaultSelector()  # the wake-up socket alone, while there is no room
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._waiting.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
         self._pending: list[_Follow] = []
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -109,11 +127,17 @@ class LogFollower:
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                for key, _events in self._selector.select(self._timeout()):
+                reading = self._room(self._wake)
+                for key, _events in (self._selector if reading else self._waiting).select(self._timeout()):
                     if key.data is None:
                         self._drain_wake()
-                    else:
+                    elif reading:
                         self._read(key.data)
+                        # Asked before every read, not once per select: a
+                        # thousand streams readable at once would each
+                        # hand over a read's worth past the bound.
+                        reading = self._room(self._wake)
+                    # else: left unread, its socket still readable; selected again once there is room
                 self._take_pending()
                 self._fire_timers()
             except Exception:  # never let one bad stream end the node's log following

@@ -20,6 +20,15 @@ tasks, streams and attempts, LOG_MAX_BYTES_PER_JOB and LOG_MAX_ROWS_PER_JOB
 totals are the sums of its cursor rows, read in the transaction that adds
 to them, with the job's row locked, so agents on several nodes writing for
 one job count the same totals.
+
+Held in memory, the lines handed over and not yet written are bounded by
+LOG_WRITER_QUEUE_BYTES: while the database is away (the writer tries again
+for as long as it is), the log follower asks `has_room` before each read and
+reads nothing more while the writer is full. The engine keeps those lines
+(json-file logs) and they are read once there is room again, so none is
+lost and memory does not grow. Adding never waits: the follower's one
+thread must go on with its timers and new streams, and notes and barriers
+(the runner's, the watchers') are never held up by a full writer.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -42,6 +52,9 @@ from jobs.models import Job, LogCursor, LogLine, Stream, TaskAttempt
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024
+# What a queued line costs besides its text: a str object's header and a
+# list slot. Counted so that a flood of short lines is bounded too.
+_LINE_OVERHEAD = 64
 
 
 def _size(size: int) -> str:
@@ -182,6 +195,7 @@ class _Batch:
     stream: int
     lines: list[str]
     cursor: tuple[int, int]
+    size: int  # what it holds in memory, toward LOG_WRITER_QUEUE_BYTES
 
 
 @dataclass
@@ -194,8 +208,13 @@ class LogWriter:
     """One thread per node agent that writes every task's lines in batches."""
 
     def __init__(self, *, flush_seconds: float | None = None, max_bytes: int | None = None,
-                 max_job_bytes: int | None = None, max_job_rows: int | None = None) -> None:
+                 max_job_bytes: int | None = None, max_job_rows: int | None = None,
+                 queue_bytes: int | None = None) -> None:
         self._queue: queue.Queue = queue.Queue()
+        self._queue_bytes = queue_bytes if queue_bytes is not None else settings.LOG_WRITER_QUEUE_BYTES
+        self._held = 0  # the size of the batches handed over and not yet written (queued or being written)
+        self._room_lock = threading.Lock()  # over _held and _waiting only: never held while waiting
+        self._waiting: list[Callable[[], None]] = []  # to call once there is room again
         self._flush_seconds = flush_seconds if flush_seconds is not None else settings.LOG_FLUSH_SECONDS
         self._max_bytes = max_bytes if max_bytes is not None else settings.LOG_MAX_BYTES_PER_TASK
         self._max_job_bytes = max_job_bytes if max_job_bytes is not None else settings.LOG_MAX_BYTES_PER_JOB
@@ -238,13 +257,54 @@ class LogWriter:
             return bool(state and state.truncated)
 
     def add(self, attempt_id: int, stream: int, lines: list[str], cursor: tuple[int, int]) -> None:
-        if lines:
-            self._queue.put(_Batch(attempt_id, stream, lines, cursor))
+        """Hand over a stream's lines, with the cursor after the last. Never
+        waits: a reader that should wait while the writer is full asks
+        `has_room` before it reads (the log follower does)."""
+        if not lines:
+            return
+        # Counted per batch, not per line: a busy task's lines come in thousands.
+        size = sum(map(len, lines)) + _LINE_OVERHEAD * len(lines)
+        with self._room_lock:
+            self._held += size
+        self._queue.put(_Batch(attempt_id, stream, lines, cursor, size))
+
+    def has_room(self, wake: Callable[[], None]) -> bool:
+        """Whether the lines handed over and not yet written hold less than
+        LOG_WRITER_QUEUE_BYTES. If not, `wake()` is called once they do, on
+        the writer's thread (it must not block). A stopped writer has no
+        room and never wakes anyone: what a reader would read could not be
+        stored, and the engine keeps it for the next agent."""
+        if self._stopping.is_set():
+            return False
+        if self._held < self._queue_bytes:  # the usual case, without the lock (a stale "yes" costs one read)
+            return True
+        with self._room_lock:
+            if self._held < self._queue_bytes:
+                return True
+            if wake not in self._waiting:
+                self._waiting.append(wake)
+            return False
+
+    def _release(self, items: list[_Batch | _Note]) -> None:
+        """Written (or given up on): their room is free, and who waits for it is told."""
+        size = sum(item.size for item in items if isinstance(item, _Batch))
+        with self._room_lock:
+            self._held -= size
+            if self._held >= self._queue_bytes or not self._waiting:
+                return
+            waiting, self._waiting = self._waiting, []
+        for wake in waiting:
+            try:
+                wake()
+            except Exception:
+                log.exception("waking a reader of the log writer failed")
 
     def note(self, attempt_id: int, text: str) -> None:
         """A platform message (image pulled, code staged ...) on the task's
         "platform" stream, kept apart from what the command printed. Written
-        with the next batch; `barrier()` waits for it like for lines."""
+        with the next batch; `barrier()` waits for it like for lines. Taken
+        at once however full the writer is (notes are few and short, and
+        not counted toward its bound)."""
         self._queue.put(_Note(attempt_id, f"{timezone.now():%Y-%m-%d %H:%M:%S}Z {text}"))
 
     def barrier(self, timeout: float = 30.0) -> bool:
@@ -281,6 +341,7 @@ class LogWriter:
             if item is None:
                 self._stopping.set()
             self._write_with_retry(items)
+            self._release(items)
             for event in events:
                 event.set()
         connection.close()

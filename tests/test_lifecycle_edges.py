@@ -61,3 +61,21 @@ def test_a_stopped_retry_ends_at_its_own_tasks_end_when_an_earlier_attempts_task
     assert job.state == State.STOPPED
     assert attempt.started_at == base + timedelta(seconds=5)
     assert job.finished_at == attempt.finished_at == base + timedelta(seconds=20)
+
+
+def test_the_failed_jobs_page_opens_the_log_of_the_task_whose_failure_ended_it(alice, node):
+    """With minFailedTaskCount 2 the first failed task in role order is not
+    the one that ended the job; the page opened that first one's log."""
+    from django.test import Client
+
+    job = gpu_job(alice, node, role(tasks=2, minFailedTaskCount=2))
+    tasks = start(job)
+    assert exit_(tasks["main-0"], 3)
+    assert fresh(job).state == State.RUNNING
+    assert exit_(tasks["main-1"], 4)
+    job = fresh(job)
+    assert job.state == State.FAILED and (job.exit_trigger_role, job.exit_trigger_index) == ("main", 1)
+    client = Client()
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/")
+    assert page.context["log_attempt"] == str(tasks["main-1"].pk)

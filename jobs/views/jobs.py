@@ -197,17 +197,23 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
 
 def _log_start(request: HttpRequest, job: Job, role_tables: list[RoleTable]) -> tuple[str, str]:
     """The task attempt and stream the log viewer opens on: the URL's; for a
-    job that failed, its first failed task, on the stream that says why (the
-    platform's note of a failed pull or launch, a traceback on stderr if the
-    command wrote any); else the first task's stdout."""
+    job that failed, the failed task that ended it (its exit trigger; else
+    its first failed task), on the stream that says why (the platform's note
+    of a failed pull or launch, a traceback on stderr if the command wrote
+    any); else the first task's stdout."""
     attempt, stream = request.GET.get("log", ""), request.GET.get("stream")
     # An id or nothing: the viewer's script looks it up with a CSS selector,
     # which a quote from a crafted link would break.
     attempt = attempt if parse_id(attempt) is not None else ""
     if attempt or stream in Stream.labels:
         return attempt, stream if stream in Stream.labels else "stdout"
-    failed = next((row.attempt for table in role_tables for row in table.rows
-                   if row.attempt and row.attempt.state == TaskState.FAILED), None)
+    failures = [row for table in role_tables for row in table.rows
+                if row.attempt and row.attempt.state == TaskState.FAILED]
+    # With minFailedInstances over 1 the first failed task in role order
+    # need not be the one whose failure ended the job.
+    trigger = next((row for row in failures
+                    if (row.task.role, row.task.index) == (job.exit_trigger_role, job.exit_trigger_index)), None)
+    failed = (trigger or failures[0]).attempt if failures else None
     if job.state != State.FAILED or failed is None:
         return "", "stdout"
     if job.exit_type in (ExitType.IMAGE_PULL, ExitType.PLATFORM):

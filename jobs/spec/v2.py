@@ -468,7 +468,7 @@ class V2Validator(_Validator):
         rendered: list[str] = []
         for where, text in lines:
             try:
-                rendered.append(render(text.strip(), context, missing=missing))
+                rendered.append(render(text.strip(), context, missing=missing, max_length=MAX_COMMAND))
             except RenderProblem as exc:
                 self.error(where, str(exc))
         if len(rendered) < len(lines):

@@ -64,8 +64,10 @@ def lookup(value: Any, path: str) -> tuple[bool, Any]:
     return True, value
 
 
-def as_text(value: Any) -> str:
-    """A value as JavaScript's String() writes it, as OpenPAI inserted it."""
+def as_text(value: Any, *, max_length: int | None = None) -> str:
+    """A value as JavaScript's String() writes it, as OpenPAI inserted it;
+    _TooLong past `max_length` characters, before they are built (a list of
+    aliases of one long string would be a copy of it per alias)."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -73,19 +75,50 @@ def as_text(value: Any) -> str:
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, list):
-        return ",".join(as_text(item) for item in value)
+        parts: list[str] = []
+        length = -1
+        for item in value:
+            parts.append(as_text(item, max_length=max_length))
+            length += len(parts[-1]) + 1
+            if max_length is not None and length > max_length:
+                raise _TooLong
+        return ",".join(parts)
     if isinstance(value, dict):
         raise RenderProblem("is a mapping; name one of its fields")
     return str(value)
 
 
-def render(template: str, context: dict[str, Any], *, missing: dict[str, str]) -> str:
+class _TooLong(Exception):
+    """More than render's `max_length`: one problem for the whole line."""
+
+
+def render(template: str, context: dict[str, Any], *, missing: dict[str, str], max_length: int | None = None) -> str:
     """`template` with every reference replaced; secrets stay references.
     `context` maps each root to its value (None: the role names none);
-    `missing` says, per root, what to write when it is None."""
+    `missing` says, per root, what to write when it is None. Past
+    `max_length` characters of values put in, it stops with a problem: a
+    long parameter referenced many times would otherwise be built whole,
+    hundreds of MB from a config within the size limit."""
     problems: list[str] = []
+    inserted = 0
 
     def replace(match: re.Match[str]) -> str:
+        nonlocal inserted
+        if max_length is None:
+            return _replacement(match)
+        if inserted > max_length:
+            return ""  # said once, below
+        try:
+            text = _replacement(match)
+            inserted += len(text)
+        except _TooLong:
+            inserted = max_length + 1
+        if inserted > max_length:
+            problems.append(f"expands to more than {max_length} characters")
+            return ""
+        return text
+
+    def _replacement(match: re.Match[str]) -> str:
         inside = match.group(1).strip()
         parsed = _PATH_RE.match(inside)
         if parsed is None or parsed.group("root") not in ROOTS:
@@ -109,7 +142,7 @@ def render(template: str, context: dict[str, Any], *, missing: dict[str, str]) -
                 return ""
             return secret_ref("".join(f".{step}" for step in _steps(path)))
         try:
-            return as_text(value)
+            return as_text(value, max_length=max_length)
         except RenderProblem as exc:
             problems.append(f"<% {inside} %> {exc}")
             return ""

@@ -7,6 +7,7 @@ Users: alice (owner), bob (another user), an admin; each test makes its own.
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 
 import pytest
@@ -51,3 +52,27 @@ def test_it_refuses_commands_that_expand_past_the_limit_without_building_them(pa
     assert "taskRoles.main.commands" in str(refused.value)
     assert "65536 characters" in str(refused.value)
     assert peak < 30 * 1024 * 1024, f"{peak // 2**20} MB to refuse a config of {len(text) // 1024} KB"
+
+
+def test_it_refuses_more_secrets_than_the_limit_quickly():
+    # Each secret is looked for in every command, message and stretch of the
+    # text as it is masked: 1,500 of them took a worker 10 s, 9,000 (within
+    # the size limit) many minutes.
+    secrets = "\n".join(f"  s{index}: v{index:06d}" for index in range(1500))
+    text = _v2_with_parameter("  p: 1", "echo hi").replace("prerequisites:", f"secrets:\n{secrets}\nprerequisites:")
+    started = time.monotonic()
+    with pytest.raises(SpecError) as refused:
+        parse_config_text(text, user_name="alice", default_fs_uri="file:///")
+    assert time.monotonic() - started < 3
+    assert [(p.path, p.message) for p in refused.value.problems] == [("secrets", "expected at most 100 secrets")]
+
+
+def test_it_takes_a_hundred_secrets_beside_thousands_of_values():
+    secrets = "\n".join(f"  s{index}: abcd{index:04d}" for index in range(100))
+    parameters = "\n".join(f"  p{index}: abcdefghijklmnopqrstu{index}" for index in range(6000))
+    text = _v2_with_parameter(parameters, "echo <% $secrets.s7 %>").replace(
+        "prerequisites:", f"secrets:\n{secrets}\nprerequisites:")
+    started = time.monotonic()
+    parsed = parse_config_text(text, user_name="alice", default_fs_uri="file:///")
+    assert time.monotonic() - started < 3
+    assert "abcd0007" not in parsed.raw and parsed.spec.task_roles[0].command == "echo <% $secrets.s7 %>"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,16 +165,17 @@ def parse_v2_text(text: str, *, user_name: str, default_fs_uri: str) -> ParsedCo
         _refuse_anchored_secrets(document, validator)
     spec, secrets = validator.job(value)
     validator.finish()
-    problems = [_scrubbed(p, secrets) for p in validator.problems]
-    warnings = [_scrubbed(p, secrets) for p in validator.warnings]
+    masked = v2_text.scrubber(secrets)
+    problems = [_scrubbed(p, masked) for p in validator.problems]
+    warnings = [_scrubbed(p, masked) for p in validator.warnings]
     if problems or spec is None:
         raise SpecError(problems, warnings)
     raw = v2_text.masked_yaml(text, document) if document is not None else v2_text.masked_json(value)
     return ParsedConfig(spec=spec, warnings=warnings, raw=raw, secrets=secrets, protocol_version=2)
 
 
-def _scrubbed(problem: SpecProblem, secrets: dict[str, Any]) -> SpecProblem:
-    return SpecProblem(problem.path, v2_text.scrub(problem.message, secrets), problem.line, problem.column)
+def _scrubbed(problem: SpecProblem, masked: Callable[[str], str]) -> SpecProblem:
+    return SpecProblem(problem.path, masked(problem.message), problem.line, problem.column)
 
 
 def _refuse_anchored_secrets(document: yaml_reader.YamlDocument, validator: V2Validator) -> None:

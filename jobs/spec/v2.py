@@ -39,7 +39,7 @@ from jobs.spec.language import (
     MAX_CPU_NUMBER, MAX_GPU_NUMBER, MAX_MEMORY_MB, MAX_NAME_LENGTH, MAX_PORT_NUMBER, MAX_RETRY_COUNT, MAX_TASK_NUMBER,
     MAX_TASKS_PER_JOB, VC_NAME_RE, JobSpec, PortSpec, TaskRoleSpec,
 )
-from jobs.spec.v2_text import ROOTS, RenderProblem, as_references, render
+from jobs.spec.v2_text import ROOTS, RenderProblem, as_references, render, secret_leaves
 from jobs.spec.validation import _describe, _Validator
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]+\Z")
@@ -64,6 +64,7 @@ AUTH_FIELDS = ("username", "password", "registryuri")
 KNOWN_EXTRAS = ("submitFrom", "gangAllocation", "hivedScheduler", "com.microsoft.pai.runtimeplugin", "uploadOutputs",
                 "gpuType", "jobStatusChangeNotification")
 MAX_COMMAND = 64 * 1024
+MAX_SECRETS = 100  # (ours) far above real jobs; each is looked for in every command and message
 # OpenPAI renders a dockerimage's auth with $secrets and nothing else.
 _AUTH_MISSING = {root: "a dockerimage's auth takes <% $secrets.name %> references only" for root in ROOTS}
 # What a completion count of null or 0 means, as OpenPAI 1.x reads it.
@@ -144,6 +145,11 @@ class V2Validator(_Validator):
         retry = self.integer(value, "jobRetryCount", "", required=False, minimum=0, maximum=MAX_RETRY_COUNT, default=0)
         parameters = self.mapping(value, "parameters", "") or {}
         secrets = self.secrets(value)
+        if len(secret_leaves(secrets)) > MAX_SECRETS:
+            # Checked no further: every command, auth and message is matched
+            # against every secret, and the size limit held 10,000 of them.
+            self.error("secrets", f"expected at most {MAX_SECRETS} secrets")
+            return None, secrets
         prerequisites = self.prerequisites(value, secrets)
         defaults = self.defaults(value)
         deployment = self.deployment(value, defaults.get("deployment"))

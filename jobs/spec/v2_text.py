@@ -202,13 +202,22 @@ def as_references(command: str, secrets: Any) -> str:
 def scrub(text: str, secrets: Any) -> str:
     """`text` with every spelling of a secret (of MIN_SCRUBBED characters or
     more) masked: for messages and anything else a secret may reach."""
+    return scrubber(secrets)(text)
+
+
+def scrubber(secrets: Any) -> Callable[[str], str]:
+    """`scrub` with the secrets read once, for many texts: a config's every
+    value and the text between its keys (per text, they cost a sort of
+    every secret, and a config within the size limit held 15,000)."""
+    values = [secret for secret in secret_values(secrets) if len(secret) >= MIN_SCRUBBED]
+
     def masked(part: str) -> str:
-        for secret in secret_values(secrets):
-            if len(secret) >= MIN_SCRUBBED:
+        for secret in values:
+            if secret in part:
                 part = part.replace(secret, MASK)
         return part
 
-    return _outside_references(text, masked)
+    return lambda text: _outside_references(text, masked) if values else text
 
 
 def _outside_references(text: str, change: Callable[[str], str]) -> str:
@@ -256,16 +265,17 @@ def _masked_in_place(text: str, document: YamlDocument, secrets: dict[str, Any])
     job needs them as they are."""
     edits = sorted([(start, end, True) for start, end in _secret_spans(document)]
                    + [(start, end, False) for start, end in _key_spans(document.root)])
+    masked = scrubber(secrets)
     pieces: list[str] = []
     done = 0
     for start, end, is_secret in edits:
         if start < done:
             continue  # none overlap in what the reader takes (keys are scalars); never write text twice
-        pieces.append(scrub(text[done:start], secrets))
+        pieces.append(masked(text[done:start]))
         span = text[start:end]
         pieces.append(f"'{MASK}'" + span[len(span.rstrip("\n")):] if is_secret else span)
         done = end
-    pieces.append(scrub(text[done:], secrets))
+    pieces.append(masked(text[done:]))
     return "".join(pieces)
 
 
@@ -319,8 +329,13 @@ def _is_masked(masked: str, original: dict[str, Any]) -> bool:
 
 
 def _scrub_all(value: Any, secrets: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _scrub_all(item, secrets) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_scrub_all(item, secrets) for item in value]
-    return scrub(value, secrets) if isinstance(value, str) else value
+    masked = scrubber(secrets)
+
+    def each(item: Any) -> Any:
+        if isinstance(item, dict):
+            return {key: each(inner) for key, inner in item.items()}
+        if isinstance(item, list):
+            return [each(inner) for inner in item]
+        return masked(item) if isinstance(item, str) else item
+
+    return each(value)

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import time
 import tracemalloc
+from datetime import timedelta
 
 import pytest
+from django.test import Client
 
+from jobs.models import Job
+from jobs.services import tokens
 from jobs.spec import SpecError, parse_config_text
+from tests.conftest import unique
+from tests.helpers import hold_vc
 
 
 def _v2_with_parameter(parameter: str, command: str) -> str:
@@ -37,7 +43,7 @@ taskRoles:
 
 @pytest.mark.parametrize("parameter, references", [
     ("  p: " + "x" * 100_000, 1000),  # a long value, referenced many times
-    ("  s: &s " + "x" * 100_000 + "\n  p: [" + ", ".join(["*s"] * 500) + "]", 2),  # a list of aliases of one
+    ("  s: &s " + "x" * 10_000 + "\n  p: [" + ", ".join(["*s"] * 90) + "]", 50),  # a list of aliases of one
 ])
 def test_it_refuses_commands_that_expand_past_the_limit_without_building_them(parameter, references):
     text = _v2_with_parameter(parameter, "<% $parameters.p %>" * references)
@@ -76,3 +82,51 @@ def test_it_takes_a_hundred_secrets_beside_thousands_of_values():
     parsed = parse_config_text(text, user_name="alice", default_fs_uri="file:///")
     assert time.monotonic() - started < 3
     assert "abcd0007" not in parsed.raw and parsed.spec.task_roles[0].command == "echo <% $secrets.s7 %>"
+
+
+def _auth(user) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": f"Bearer {tokens.token_create(user=user, lifetime=timedelta(hours=1)).key}"}
+
+
+def test_it_refuses_a_yaml_config_whose_aliases_stand_for_far_more_text_than_it_holds(alice):
+    # 1,000 aliases of one 200 KB string in extras: a 204 KB config whose
+    # normalized form, stored with the job and read by every page and
+    # scheduling pass, was 200 MB.
+    vc = hold_vc(unique("vc"), alice)
+    text = _v2_with_parameter("  p: 1", "echo hi").replace("name: expanding", "name: aliased") + (
+        f"defaults:\n  virtualCluster: {vc.name}\n"
+        "extras:\n  s: &s " + "x" * 200_000 + "\n  big: [" + ", ".join(["*s"] * 999) + "]\n")
+    response = Client().post("/api/v2/jobs", text, content_type="text/yaml", **_auth(alice))
+    assert response.status_code == 400, response.content[:300]
+    answer = response.json()
+    assert answer["code"] == "InvalidParametersError"
+    assert "aliases" in answer["message"], answer
+    assert not Job.objects.filter(owner=alice, name="aliased").exists()
+
+
+def test_it_takes_aliases_that_repeat_a_few_commands(alice):
+    vc = hold_vc(unique("vc"), alice)
+    text = f"""protocolVersion: 2
+name: repeated
+type: job
+defaults:
+  virtualCluster: {vc.name}
+prerequisites:
+  - name: img
+    type: dockerimage
+    uri: busybox
+taskRoles:
+  first:
+    instances: 1
+    dockerImage: img
+    resourcePerInstance: &resources {{cpu: 1, memoryMB: 256, gpu: 0}}
+    commands: &commands
+      - echo {"x" * 2000}
+  second:
+    instances: 1
+    dockerImage: img
+    resourcePerInstance: *resources
+    commands: *commands
+"""
+    response = Client().post("/api/v2/jobs", text, content_type="text/yaml", **_auth(alice))
+    assert response.status_code == 202, response.content[:300]

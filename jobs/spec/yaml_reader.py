@@ -8,9 +8,10 @@ tags other than the plain ones (`!!str`, `!!int` ...) are refused.
 
 A hostile text cannot hang a worker: the text is at most MAX_CONFIG_BYTES,
 nesting at most MAX_DEPTH deep, and the values it stands for, counting every
-alias as a full copy of what it names, at most MAX_EXPANDED_NODES (an alias
-bomb, "a billion laughs", is refused before it is expanded). Recursive
-aliases are refused too. Pure: no Django, no I/O.
+alias as a full copy of what it names, at most MAX_EXPANDED_NODES holding at
+most MAX_EXPANDED_TEXT characters (an alias bomb, "a billion laughs", is
+refused before it is expanded). Recursive aliases are refused too. Pure: no
+Django, no I/O.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from jobs import jsonc
 MAX_DEPTH = 32
 MAX_EXPANDED_NODES = 20_000
 MAX_ALIASES = 1_000
+MAX_EXPANDED_TEXT = 1024 * 1024  # characters, four times the largest config: aliases may repeat, not multiply
 
 _TAG = "tag:yaml.org,2002:"
 _PLAIN_TAGS = {_TAG + kind for kind in ("str", "int", "float", "bool", "null", "map", "seq", "merge")}
@@ -180,29 +182,36 @@ def _unacceptable(character: int | str) -> str:
 
 
 def _check_size(root: Node) -> None:
-    """Refuse a document whose expansion (aliases as copies) is too big, or
-    that contains itself, before anything walks it."""
-    sizes: dict[int, int] = {}
+    """Refuse a document whose expansion (aliases as copies) is too big, in
+    values or in text, or that contains itself, before anything walks it."""
+    sizes: dict[int, tuple[int, int]] = {}
     visiting: set[int] = set()
 
-    def size(node: Node) -> int:
+    def size(node: Node) -> tuple[int, int]:
+        """(values, characters of text) that `node` stands for."""
         key = id(node)
         if key in sizes:
             return sizes[key]
         if key in visiting:
             raise YamlProblem("a recursive alias (a value that contains itself)", *_mark(node.start_mark))
         visiting.add(key)
-        total = 1
-        if isinstance(node, SequenceNode):
-            total += sum(size(item) for item in node.value)
-        elif isinstance(node, MappingNode):
-            total += sum(size(k) + size(v) for k, v in node.value)
+        if isinstance(node, ScalarNode):
+            values, text = 1, len(node.value)
+        else:
+            items = node.value if isinstance(node, SequenceNode) else [part for pair in node.value for part in pair]
+            inner = [size(item) for item in items]
+            values, text = 1 + sum(n for n, _ in inner), sum(t for _, t in inner)
         visiting.discard(key)
-        if total > MAX_EXPANDED_NODES:
+        if values > MAX_EXPANDED_NODES:
             raise YamlProblem(f"the config stands for more than {MAX_EXPANDED_NODES} values once its aliases (*name) "
                               "are expanded", *_mark(node.start_mark))
-        sizes[key] = total
-        return total
+        if text > MAX_EXPANDED_TEXT:
+            # Kept values (extras) are stored expanded with the job: 1,000
+            # aliases of a 200 KB string would be a 200 MB row.
+            raise YamlProblem(f"the config stands for more than {MAX_EXPANDED_TEXT // 1024} KB of text once its "
+                              "aliases (*name) are expanded", *_mark(node.start_mark))
+        sizes[key] = (values, text)
+        return values, text
 
     size(root)
 

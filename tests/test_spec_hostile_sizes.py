@@ -1,8 +1,9 @@
-"""A hostile user's requests to the REST API (v1 and v2) and configs to its
-parsers: each must be refused with an answer naming what is wrong, never a
-500, a worker tied up, or something stored that breaks later.
+"""Configs within the size limit that stand for far more: references that
+expand a long parameter, thousands of secrets, YAML aliases of long text.
+Each must be refused quickly, naming what is too big, without building it,
+or storing it with the job; ordinary use of each stays accepted.
 
-Users: alice (owner), bob (another user), an admin; each test makes its own.
+Users: alice (owner); each test makes its own.
 """
 
 from __future__ import annotations

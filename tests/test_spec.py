@@ -412,3 +412,15 @@ def test_kill_all_past_the_tasks_is_taken_with_a_warning_however_large():
     parsed = parse(value)
     assert parsed.spec.kill_all_on_completed_task_number == 5000
     assert [w.path for w in parsed.warnings] == ["killAllOnCompletedTaskNumber"]
+
+
+@pytest.mark.parametrize("name", [".", "..", "..."])
+def test_it_refuses_job_and_task_role_names_of_dots_only(name):
+    """OpenPAI's patterns take them, but every HTTP client folds such a path
+    segment away (GET .../jobs/. is GET .../jobs), and a job named "." got
+    its owner's whole Output/<user> folder as its outputDir."""
+    assert any(p.startswith("jobName") and "not dots only" in p for p in problems({**good(), "jobName": name}))
+    role = {**good()["taskRoles"][0], "name": name}
+    assert any(p.startswith("taskRoles[0].name") and "not dots only" in p
+               for p in problems({**good(), "taskRoles": [role]}))
+    assert parse({**good(), "jobName": f"{name}a."}).spec.job_name == f"{name}a."

@@ -21,8 +21,11 @@ MAX_NAME_LENGTH = 128
 # Protocol v2's differs: jobs/spec/v2.py DEFAULT_SHM_MB.
 V1_DEFAULT_SHM_MB = 64
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9\-._~]+\Z")
-ROLE_NAME_RE = re.compile(r"^[A-Za-z0-9._~]+\Z")
+# OpenPAI's patterns, but not "." or "..": a name that is dots only is a
+# path segment every HTTP client folds away (GET .../jobs/.), and a job
+# named "." was given its owner's whole Output/<user> folder as outputDir.
+JOB_NAME_RE = re.compile(r"^(?!\.+\Z)[A-Za-z0-9\-._~]+\Z")
+ROLE_NAME_RE = re.compile(r"^(?!\.+\Z)[A-Za-z0-9._~]+\Z")
 LABEL_RE = ROLE_NAME_RE
 VC_NAME_RE = re.compile(r"^[A-Za-z0-9_]+\Z")
 GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9\-._]+\Z")  # at most MAX_GPU_TYPE_LENGTH

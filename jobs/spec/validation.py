@@ -172,7 +172,7 @@ class _Validator:
         if not isinstance(value, dict):
             self.error("", f"expected a JSON object {{...}} holding jobName, image and taskRoles, got {_describe(value)}")
             return None
-        name_help = "letters, digits and - . _ ~ (pattern ^[A-Za-z0-9\\-._~]+$)"
+        name_help = "letters, digits and - . _ ~, not dots only (pattern ^[A-Za-z0-9\\-._~]+$)"
         job_name = self.string(value, "jobName", "", required=True, pattern=JOB_NAME_RE,
                                pattern_help=name_help, max_length=MAX_NAME_LENGTH, allow_empty=False)
         image = self.string(value, "image", "", required=True, max_length=512, allow_empty=False,
@@ -252,7 +252,8 @@ class _Validator:
             return None
         before = self.problem_count
         name = self.string(item, "name", path, required=True, pattern=ROLE_NAME_RE, allow_empty=False,
-                           pattern_help="letters, digits and . _ ~ (pattern ^[A-Za-z0-9._~]+$)", max_length=64)
+                           pattern_help="letters, digits and . _ ~, not dots only (pattern ^[A-Za-z0-9._~]+$)",
+                           max_length=64)
         tasks = self.integer(item, "taskNumber", path, required=True, minimum=1, maximum=MAX_TASK_NUMBER)
         cpus = self.integer(item, "cpuNumber", path, required=True, minimum=1, maximum=MAX_CPU_NUMBER)
         memory = self.integer(item, "memoryMB", path, required=True, minimum=100, maximum=MAX_MEMORY_MB, unit=" MB")
@@ -303,7 +304,8 @@ class _Validator:
                 continue
             before = self.problem_count
             label = self.string(entry, "label", port_path, required=True, pattern=LABEL_RE, allow_empty=False,
-                                pattern_help="letters, digits and . _ ~ (pattern ^[A-Za-z0-9._~]+$)", max_length=64)
+                                pattern_help="letters, digits and . _ ~, not dots only (pattern ^[A-Za-z0-9._~]+$)",
+                           max_length=64)
             begin = self.integer(entry, "beginAt", port_path, required=True, minimum=0, maximum=65535)
             number = self.integer(entry, "portNumber", port_path, required=True, minimum=1, maximum=MAX_PORT_NUMBER)
             kept = self.unknown_keys(entry, port_path, PORT_FIELDS, ())

@@ -217,3 +217,25 @@ def test_a_runtime_plugin_not_available_here_is_named_in_its_warning():
         "extras.com.microsoft.pai.runtimeplugin[0]",
         'the runtime plugin "teamwise_storage" is not available here and is ignored (of OpenPAI\'s plugins, '
         'only "ssh" is)')
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"jobName": "train.v2"}, "jobName 'train.v2'"),
+    ({"role": {"name": "ps.server"}}, "taskRoles[0].name 'ps.server'"),
+    ({"role": {"name": "1st"}}, "taskRoles[0].name '1st'"),
+    ({"role": {"command": "echo '<% not a reference %>'"}}, "taskRoles[0].command"),
+    ({"role": {"portList": [{"label": "tensor.board", "beginAt": 0, "portNumber": 1}]}}, "taskRoles[0].portList"),
+])
+def test_export_to_v2_names_what_v2_would_refuse_rather_than_writing_it(change, named):
+    """These v1 configs were exported as v2 YAML that the v2 parser then
+    refused (or read differently: <% starts a reference in v2)."""
+    v1 = {"jobName": "ok_job", "image": "busybox", "taskRoles": [
+        {"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 512, "gpuNumber": 0, "command": "echo hi"}]}
+    v1.update({key: value for key, value in change.items() if key != "role"})
+    v1["taskRoles"][0].update(change.get("role", {}))
+    value, cannot = convert.form_as_v2(v1)
+    assert value is None and any(item.startswith(named) for item in cannot), cannot
+    v1 = {**v1, "jobName": "ok_job", "taskRoles": [{**v1["taskRoles"][0], "name": "main", "command": "echo hi",
+                                                      "portList": []}]}
+    value, cannot = convert.form_as_v2(v1)
+    assert cannot == [] and parse(convert.v2_export(value)).spec.job_name == "ok_job"

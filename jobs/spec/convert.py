@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from jobs.spec.language import V1_DEFAULT_SHM_MB
-from jobs.spec.v2 import default_shm_mb
+from jobs.spec.v2 import IDENT_RE, NAME_RE, default_shm_mb
 
 IMAGE_PREREQUISITE = "image"  # (ours) the dockerimage prerequisite's name in a v2 config made from the form
 V2_NOTES = ("version", "contributor", "description")  # kept as they are, both ways
@@ -162,6 +162,9 @@ def form_as_v2(config: Any) -> tuple[dict[str, Any] | None, list[str]]:
     if not isinstance(config, dict):
         return None, ["something other than an object"]
     cannot = [key for key, item in config.items() if key not in _V1_TOP and item not in (None, "", {}, [])]
+    name = config.get("jobName")
+    if isinstance(name, str) and name and not NAME_RE.fullmatch(name):
+        cannot.append(f"jobName {name!r} (a v2 name is letters, digits, _ and - only)")
     roles = config.get("taskRoles")
     if not isinstance(roles, list):
         return None, cannot + ["taskRoles that are not a list"]
@@ -207,9 +210,14 @@ def _role_as_v2(index: int, role: Any) -> tuple[dict[str, Any], list[str]]:
     # type would be turned into something else, not reported.
     if not isinstance(role.get("name"), str):
         cannot.append(f"{where}.name ({'missing' if role.get('name') is None else 'not a string'})")
+    elif role["name"] and not IDENT_RE.fullmatch(role["name"]):
+        cannot.append(f"{where}.name {role['name']!r} (a v2 task role name starts with a letter or _, "
+                      "then letters, digits and _)")
     command = "" if role.get("command") is None else role["command"]
     if not isinstance(command, str):
         cannot.append(f"{where}.command (not a string)")
+    elif "<%" in command:  # v2 reads it as a reference: the command would change, or be refused
+        cannot.append(f"{where}.command (it holds <%, where v2 reads a reference)")
     converted: dict[str, Any] = {"instances": role.get("taskNumber", 1), "dockerImage": IMAGE_PREREQUISITE}
     resources = {"cpu": role.get("cpuNumber"), "memoryMB": role.get("memoryMB"), "gpu": role.get("gpuNumber", 0)}
     ports = role.get("portList") or []
@@ -217,6 +225,8 @@ def _role_as_v2(index: int, role: Any) -> tuple[dict[str, Any], list[str]]:
         cannot.append(f"{where}.portList (not a list of objects)")
     elif any(p.get("beginAt", 0) != 0 for p in ports):
         cannot.append(f"{where}.portList (fixed ports: beginAt other than 0)")
+    elif any(not IDENT_RE.fullmatch(str(p.get("label"))) for p in ports):
+        cannot.append(f"{where}.portList (a v2 port label starts with a letter or _, then letters, digits and _)")
     elif ports:
         resources["ports"] = {str(p.get("label")): p.get("portNumber") for p in ports}
     converted["resourcePerInstance"] = resources

@@ -243,3 +243,24 @@ def test_it_lets_admins_see_a_pull(make_user, alice, registry, pull_node, cluste
     admin = login(cluster.base_url, make_user("admin", admin=True))
     shown = admin.get(f"{cluster.base_url}/jobs/{job.pk}/live/")
     assert shown.status_code == 200 and "Image pull failed" in shown.text
+
+
+def test_a_job_stopped_while_its_image_is_pulled_ends_without_waiting_for_the_pull(alice, big_image, pull_node):
+    """The launch waited for the whole pull (minutes for a big image, for
+    ever on a registry that never answers): the job stayed STOPPING, and
+    then its command started before it was stopped."""
+    forget(big_image)
+    job = pull_job(alice, "pull-stop", big_image)
+    wait_for(lambda: ImagePull.objects.filter(attempt__job=job, state=ImagePull.State.PULLING,
+                                              bytes_done__gt=0).exists(),
+             timeout=60, interval=0.05, what="the pull to be under way")
+    services.job_stop(job=job, by=alice)
+    job = wait_state(job, State.STOPPED, timeout=30)
+    pull = ImagePull.objects.get(attempt__job=job)
+    assert pull.state == ImagePull.State.PULLING or pull.finished_at > job.finished_at  # not waited for
+    attempt = TaskAttempt.objects.get(job=job)
+    assert attempt.state == TaskState.STOPPED and attempt.container_id == ""
+    # The pull goes on (another task may want the image) and its record ends.
+    wait_for(lambda: ImagePull.objects.get(pk=pull.pk).state != ImagePull.State.PULLING, timeout=120,
+             what="the pull's record to end")
+    assert lines(job) == []

@@ -36,16 +36,18 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from django.conf import settings
+from django.db import close_old_connections, connection
 
 from jobs.images import DOCKER_HUB, reference_key, registry_host, registry_of, registry_refusal
 from jobs.models import ExitType
 from jobs import services
-from jobs.node.launcher import Engine, LaunchError, PullProgress, RegistryAuth
+from jobs.node.launcher import Engine, LaunchError, LaunchStopped, PullProgress, RegistryAuth
 
 Resolve = Callable[[str], list[str]]
 
@@ -145,6 +147,36 @@ _MAY_BE_AN_ID = re.compile(r"(sha256:)?[0-9a-f]+")
 _SEEN_MAX = 1000  # names remembered as present; then forgotten all at once
 
 
+# How often a launch waiting for a pull looks whether its task was stopped.
+STOP_CHECK_SECONDS = 0.2
+
+
+def _wait_unless_stopped(pull: Callable[[], None], stopped: Callable[[], bool], image: str) -> None:
+    """Run `pull` on a thread of its own and wait for it, unless `stopped()`
+    says the task was stopped first: a pull can last many minutes (or hang
+    on a registry that never answers), and a stopped job stayed STOPPING
+    until it ended, and then started the user's command."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            close_old_connections()
+            pull()
+        except BaseException as exc:  # handed to the launch that waits, if it still does
+            failure.append(exc)
+        finally:
+            connection.close()  # this thread's own, opened by the pull's record
+            done.set()
+
+    threading.Thread(target=run, name=f"pull-{image[:40]}", daemon=True).start()
+    while not done.wait(STOP_CHECK_SECONDS):
+        if stopped():
+            raise LaunchStopped(f"stopped while image {image} was pulled")
+    if failure:
+        raise failure[0]
+
+
 class ImageGate:
     """Makes sure of a task's image before its launch, by the rules above.
 
@@ -175,8 +207,13 @@ class ImageGate:
         return True
 
     def ensure(self, image: str, auth: RegistryAuth | None, *, allowed: Iterable[str],
-               note: Callable[[str], None], attempt_id: int | None = None) -> None:
-        """`attempt_id`: the task attempt whose launch waits, to show its pull on the job page."""
+               note: Callable[[str], None], attempt_id: int | None = None,
+               stopped: Callable[[], bool] | None = None) -> None:
+        """`attempt_id`: the task attempt whose launch waits, to show its pull
+        on the job page. `stopped`: whether its task was stopped meanwhile;
+        then the launch stops waiting for the pull (LaunchStopped). The pull
+        goes on: Docker cancels one only when its connection is lost, and
+        another task may want the image; its record still ends."""
         present = self._present(image)
         recheck = present and (auth is not None or image in self.private)
         if present and not recheck:
@@ -194,7 +231,11 @@ class ImageGate:
             # it private; so must the next agent, if this one dies mid-pull.
             self.private.add(image)
         note(f"pulling image {image}")
-        self._pull(image, auth, PullRecord(attempt_id, image) if attempt_id is not None else None)
+        record = PullRecord(attempt_id, image) if attempt_id is not None else None
+        if stopped is None:
+            self._pull(image, auth, record)
+        else:
+            _wait_unless_stopped(lambda: self._pull(image, auth, record), stopped, image)
         note(f"pulled image {image}")
 
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:

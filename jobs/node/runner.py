@@ -294,9 +294,24 @@ class Runner:
                     self._stop_asked.discard(attempt_id)
                 timing.write()
 
+    def _stop_was_asked(self, attempt_id: int) -> bool:
+        with self._lock:
+            return attempt_id in self._stop_asked
+
+    def _unless_stopped(self, attempt_id: int) -> None:
+        if self._stop_was_asked(attempt_id):
+            raise launcher.LaunchStopped()
+
     def _launch_and_watch(self, attempt_id: int, timing: LaunchTiming) -> None:
         try:
             container_id = self._launch(attempt_id, timing)
+        except launcher.LaunchStopped:
+            # Stopped before its container was made (while its image was
+            # pulled, or before): it ends stopped now, its command never run.
+            self.writer.note(attempt_id, "stopped before its container was made")
+            self._notes_written(attempt_id)
+            services.attempt_record_exit(attempt_id, services.ContainerExit(None))
+            return
         except launcher.LaunchError as exc:
             self.writer.note(attempt_id, exc.message)
             self._notes_written(attempt_id)
@@ -344,11 +359,14 @@ class Runner:
 
         def ensure_image() -> None:
             self._images.ensure(image, auth, allowed=settings.REGISTRY_ALLOWED,
-                                note=lambda text: self.writer.note(attempt_id, text), attempt_id=attempt_id)
+                                note=lambda text: self.writer.note(attempt_id, text), attempt_id=attempt_id,
+                                stopped=lambda: self._stop_was_asked(attempt_id))
 
+        self._unless_stopped(attempt_id)  # stopped while it waited for a launch thread
         ensure_image()
         code_dir = self._stage_code(ctx) if ctx.spec.code_dir else ""
         data_dir = self._stage_data(ctx) if ctx.spec.data_dir else ""
+        self._unless_stopped(attempt_id)  # stopped while its folders were copied
         network, kept_answer = self._network(ctx)
         env = environment.task_environment(
             spec=ctx.spec, user_name=ctx.job.owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI,

@@ -40,6 +40,12 @@ class LaunchError(Exception):
         self.message = message
 
 
+class LaunchStopped(Exception):
+    """The task was stopped before its container was made (while it waited
+    for a launch thread, its image's pull or its folders): the launch ends
+    there, and the task ends stopped, its command never run."""
+
+
 class ImageMissing(LaunchError):
     """The engine has no image of that name (Engine.run): removed since the
     node last saw it. The caller may make sure of it again and retry."""

@@ -89,3 +89,17 @@ def test_an_upload_with_a_file_in_the_way_of_a_later_name_stores_nothing(client,
                                               "names": ["x", "x/inside.txt"]}, headers=JSON)
     assert answer.status_code == 400 and "both a file and a folder" in answer.json()["error"]
     assert storage.backend().stat(f"{home}/x") is None
+
+
+def test_a_folder_upload_whose_names_do_not_match_its_files_is_refused_and_stores_nothing(client, alice) -> None:
+    """Each file's place was guessed: with one relative path missing (a part
+    without a file name), every file went flat into the folder under its
+    bare name, and the user was not told."""
+    client.force_login(alice)
+    home = f"/{alice.username}"
+    answer = client.post("/storage/upload/", {"path": home, "files": [_file("a", b"1"), _file("b", b"2")],
+                                              "names": ["proj/src/a.py"]}, headers=JSON)
+    assert answer.status_code == 400 and "1 relative paths for 2 files" in answer.json()["error"]
+    assert storage.backend().stat(f"{home}/a") is None and storage.backend().stat(f"{home}/proj") is None
+    plain = client.post("/storage/upload/", {"path": home, "files": [_file("c.txt", b"3")]}, headers=JSON)
+    assert plain.status_code == 200 and storage.backend().stat(f"{home}/c.txt") is not None

@@ -121,13 +121,16 @@ def upload(request: HttpRequest) -> HttpResponse:
 @csrf_protect
 def _upload(request: HttpRequest, staging: Staging, *, wants_json: bool) -> HttpResponse:
     uploaded = staging.files
-    names = request.POST.getlist("names")
-    if len(names) != len(uploaded):
-        names = [f.name for f in uploaded]
+    names = request.POST.getlist("names") or [f.name for f in uploaded]
     folder = request.POST.get("path", "")
     try:
         if staging.error is not None:
             raise staging.error
+        if len(names) != len(uploaded):
+            # Each file's place would be guessed: a folder upload's files
+            # all put flat in one folder, under their bare names.
+            raise storage.StorageError(f"names: {len(names)} relative paths for {len(uploaded)} files; a folder "
+                                       "upload sends one per file, in the files' order")
         folder = _locate(request, folder)
         saved = files.files_save(_reader(request), folder, list(zip(names, uploaded)),
                                  overwrite=request.POST.get("overwrite") == "1")

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from jobs.spec.language import PortSpec
@@ -466,7 +467,34 @@ def _explain_wait(job: JobRequest, index: _NodeIndex, quota: Quota) -> str:
 
 def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | None:
     """A reason if `job` could not fit even on an idle cluster, else None.
-    Looks only at totals, never at what is in use."""
+    Looks only at totals and at the nodes idle, never at what is in use."""
+    return _never_fits(job, nodes, quota, lambda: _idle_index(nodes))
+
+
+def _idle_index(nodes: list[NodeState]) -> _NodeIndex:
+    """The nodes as they would be with no task on them (one set of used
+    ports per address, as in use)."""
+    ports: dict[str, set[int]] = defaultdict(set)
+    return _NodeIndex([replace(node, used_cpus=0, used_memory_mb=0, used_gpus=set(), used_ports=ports[node.address])
+                       for node in nodes])
+
+
+def _fits_idle(job: JobRequest, idle: _NodeIndex, quota: Quota) -> bool:
+    """Whether `job` can be placed on the idle nodes within its virtual
+    cluster's whole quota; leaves them idle."""
+    whole = Quota(cpus=quota.cpus, memory_mb=quota.memory_mb, gpus=quota.gpus)
+    placements = _place_job(job, idle, whole)
+    if placements is None:
+        return False
+    ledger = _Ledger(whole, idle)
+    ledger.entries = [(idle.by_id[p.node_id], p) for p in placements]
+    ledger.undo()
+    return True
+
+
+def _never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota, idle: Callable[[], _NodeIndex]) -> str | None:
+    """`never_fits`; `idle()`: the nodes' `_idle_index`, built only if the
+    totals leave the question open."""
     if not nodes:
         return None
     for role in job.roles:
@@ -499,7 +527,20 @@ def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | N
         if role.gpus > most_of_a_type + _EPSILON:
             return (f"can never fit: a task of role {role.name} needs {role.gpus} GPUs of one type but virtual "
                     f"cluster '{job.vc}' holds at most {_num(most_of_a_type)} of any type")
-    return _ports_never_fit(job, nodes)
+    ports = _ports_never_fit(job, nodes)
+    if ports is not None:
+        return ports
+    # Each task fits some node and the totals fit, yet the gang may not: two
+    # tasks of 8 GPUs and one node with 8. Waiting, it would block its
+    # virtual cluster for good once overtaken enough.
+    if not _fits_idle(job, idle(), quota):
+        return (f"can never fit: even with every node idle, its {_count(_task_count(job), 'task')} "
+                f"cannot all be placed at once")
+    return None
+
+
+def _task_count(job: JobRequest) -> int:
+    return sum(role.task_number for role in job.roles)
 
 
 def _ports_never_fit(job: JobRequest, nodes: list[NodeState]) -> str | None:
@@ -576,9 +617,16 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
     # same (a sweep of one config) gets the same answer, so a queue of
     # thousands of alike jobs costs one look per kind of request.
     no_fit: dict[tuple, tuple[str, bool]] = {}
-    # Whether a kind can never fit looks only at totals, which no placement
-    # changes: once per kind and pass.
+    # Whether a kind can never fit looks only at totals and the idle nodes,
+    # which no placement changes: once per kind and pass.
     hopeless: dict[tuple, str | None] = {}
+    idle: list[_NodeIndex] = []  # the nodes idle, built once a pass needs them
+
+    def idle_index() -> _NodeIndex:
+        if not idle:
+            idle.append(_idle_index(nodes))
+        return idle[0]
+
     kind_of = _Kinds()
     for job in jobs:
         quota = quotas.get(job.vc)
@@ -613,7 +661,7 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
                         blocked[job.vc] = earlier.id
                 continue
             if kind not in hopeless:
-                hopeless[kind] = never_fits(job, nodes, quota)
+                hopeless[kind] = _never_fits(job, nodes, quota, idle_index)
             never = hopeless[kind]
             no_fit[kind] = (never, True) if never else (_explain_wait(job, index, quota), False)
         reason, never = no_fit[kind]

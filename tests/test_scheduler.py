@@ -30,10 +30,11 @@ def big_quota() -> dict[str, Quota]:
 
 
 def test_it_places_all_tasks_or_none():
-    nodes = [node(1, "a", cpus=4), node(2, "b", cpus=4)]
+    nodes = [node(1, "a", cpus=4), node(2, "b", cpus=4), node(3, "c", cpus=4)]
+    nodes[2].used_cpus = 4
     decision = schedule([job(1, r(tasks=3, cpus=3))], nodes, big_quota(), max_overtakes=3)
     assert 1 not in decision.placed
-    assert nodes[0].used_cpus == 0 and nodes[1].used_cpus == 0
+    assert nodes[0].used_cpus == 0 and nodes[1].used_cpus == 0 and nodes[2].used_cpus == 4
     assert "needs 3 tasks of role main" in decision.waiting[1]
 
 

@@ -96,7 +96,7 @@ class VirtualClusterAdmin(admin.ModelAdmin):
     # others leave. Renamed, it would keep its stored capacity as a share of
     # its own; deleted, submissions would fail until the next start. And
     # scheduling passes on PostgreSQL take turns by locking its row
-    # (scheduling._lock_passes): without it two could place at once.
+    # (nodes.lock_passes): without it two could place at once.
     def get_readonly_fields(self, request: HttpRequest, obj: VirtualCluster | None = None) -> tuple[str, ...]:
         fields = tuple(super().get_readonly_fields(request, obj))
         return fields + ("name",) if obj is not None and obj.name == VirtualCluster.DEFAULT else fields

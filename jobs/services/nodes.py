@@ -18,7 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs import queues
-from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, TaskAttempt, User
+from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, TaskAttempt, User, VirtualCluster
 from jobs.services.lifecycle import ContainerExit, attempt_record_exit
 
 
@@ -268,11 +268,22 @@ def node_display_state(node: Node, active_tasks: int) -> str:
     return "READY" if node.schedulable else "CORDONED"
 
 
+def lock_passes() -> None:
+    """Wait for any scheduling pass to end, on PostgreSQL (on SQLite the
+    transaction's BEGIN took the database's write lock already). The "no
+    key" lock keeps passes apart as well, but not the foreign-key check of
+    a job stored in "default" meanwhile: FOR UPDATE held every such
+    submission until the pass ended."""
+    list(VirtualCluster.objects.select_for_update(no_key=True).filter(name=VirtualCluster.DEFAULT))
+
+
 def node_cordon(*, node: Node, by: User) -> Node:
     """Place no new task on the node (as `kubectl cordon`); its tasks go on.
     Cordoning a draining node changes nothing."""
-    Node.objects.filter(pk=node.pk, schedulable=True).update(
-        schedulable=False, cordoned_at=timezone.now(), cordoned_by=by.username)
+    with transaction.atomic():
+        lock_passes()  # see node_drain
+        Node.objects.filter(pk=node.pk, schedulable=True).update(
+            schedulable=False, cordoned_at=timezone.now(), cordoned_by=by.username)
     return Node.objects.get(pk=node.pk)
 
 
@@ -287,6 +298,9 @@ def node_drain(*, node: Node, by: User, mode: str) -> Node:
         raise NodeStateError(f"mode must be 'stop' or 'wait', not {mode!r}")
     now = timezone.now()
     with transaction.atomic():
+        # After any pass under way: one that read the node still schedulable
+        # would place tasks there once the stops below had looked (PostgreSQL).
+        lock_passes()
         Node.objects.filter(pk=node.pk, schedulable=True).update(schedulable=False, cordoned_at=now,
                                                                  cordoned_by=by.username)
         Node.objects.filter(pk=node.pk).update(drain_mode=mode)

@@ -44,6 +44,7 @@ from jobs.models import (
 )
 from jobs.services import limits, notifications
 from jobs.services import rows as rows_sql
+from jobs.services.nodes import lock_passes as _lock_passes
 from jobs.services.nodes import nodes_mark_lost_if_due, placement_cutoff
 from jobs.spec import JobSpec, PortSpec
 
@@ -689,15 +690,6 @@ def _data_version() -> int:
     with connection.cursor() as cursor:
         cursor.execute("PRAGMA data_version")
         return cursor.fetchone()[0]
-
-
-def _lock_passes() -> None:
-    """Wait for any other pass to end, on PostgreSQL (on SQLite the
-    transaction's BEGIN took the database's write lock already). The "no
-    key" lock keeps passes apart as well, but not the foreign-key check of
-    a job stored in "default" meanwhile: FOR UPDATE held every such
-    submission until the pass ended."""
-    list(VirtualCluster.objects.select_for_update(no_key=True).filter(name=VirtualCluster.DEFAULT))
 
 
 def _carry_out(plan: _Plan, here: LaunchHere | None) -> int:

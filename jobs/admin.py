@@ -30,7 +30,7 @@ from jobs.models import (
     VirtualCluster,
 )
 from jobs.services import tokens, users
-from jobs.services.nodes import node_address_clash
+from jobs.services.nodes import node_active_tasks, node_address_clash, node_delete_unless_busy
 
 # The admin's login counts failures like the portal's own login (one limit).
 admin.site.login_form = RateLimitedAdminLoginForm
@@ -159,6 +159,21 @@ class NodeAdmin(admin.ModelAdmin):
         tasks nobody starts (and the agent a second row)."""
         fields = tuple(super().get_readonly_fields(request, obj))
         return fields + ("name",) if obj is not None else fields
+
+    def get_deleted_objects(self, objs, request: HttpRequest):
+        """A node with active tasks is shown as protected by them, so the
+        admin refuses the delete (nodes.node_delete_unless_busy says why)."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        busy = [f"{node}: {count} active task(s) (drain it first)"
+                for node, count in node_active_tasks(list(objs)).items()]
+        return deleted, counts, perms_needed, [*protected, *busy]
+
+    def delete_model(self, request: HttpRequest, obj: Node) -> None:
+        node_delete_unless_busy(node=obj)  # checked again under the passes' lock
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        for node in queryset:
+            node_delete_unless_busy(node=node)
 
     @admin.display(description="GPUs")
     def gpu_summary(self, node: Node) -> str:

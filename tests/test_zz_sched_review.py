@@ -55,3 +55,33 @@ def test_a_drain_during_a_pass_leaves_no_task_of_that_pass_running_on_the_node(a
     drains[0].join()
     left = TaskAttempt.objects.filter(job=job, node=node, state__in=ACTIVE_TASK_STATES)
     assert all(a.stop_reason == ExitType.NODE_DRAINED for a in left), [(a.pk, a.stop_reason) for a in left]
+
+
+# ------------------------------------------- deleting a node whose tasks run
+
+from django.test import Client  # noqa: E402
+
+from jobs.models import GpuAllocation, Node  # noqa: E402
+from tests.test_lifecycle import exit_, start  # noqa: E402
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("how", ["delete page", "bulk action"])
+def test_the_django_admin_keeps_a_node_whose_tasks_still_run(alice, admin_user, node, how):
+    """The cascade would drop the GPU and port allocations of its running
+    tasks; its agent registers the node again at its next heartbeat, and
+    the next pass would hand the same GPUs and ports out a second time."""
+    task = start(gpu_job(alice, node))["main-0"]
+    client = Client()
+    client.force_login(admin_user)
+    if how == "delete page":
+        response = client.post(f"/admin/jobs/node/{node.pk}/delete/", {"post": "yes"})
+    else:
+        response = client.post("/admin/jobs/node/", {"action": "delete_selected", "_selected_action": [node.pk],
+                                                      "post": "yes"})
+    assert response.status_code == 200, response.status_code
+    assert Node.objects.filter(pk=node.pk).exists()
+    assert GpuAllocation.objects.filter(node=node).count() == 1
+    assert exit_(task, 0)  # nothing runs there now: the delete goes through
+    assert client.post(f"/admin/jobs/node/{node.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Node.objects.filter(pk=node.pk).exists()

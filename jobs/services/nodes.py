@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs import queues
@@ -321,6 +321,25 @@ def _stop_node_tasks(node: Node) -> None:
     # Not those a user is stopping already: a second stop request kills at once.
     stops = list(active.filter(stop_reason=ExitType.NODE_DRAINED).values_list("node_name", "pk"))
     transaction.on_commit(lambda: [queues.enqueue_stop(name, pk) for name, pk in stops])
+
+
+def node_active_tasks(nodes: list[Node]) -> dict[Node, int]:
+    """How many active tasks each of `nodes` holds, for those holding some."""
+    counts = dict(TaskAttempt.objects.filter(node__in=nodes, state__in=ACTIVE_TASK_STATES)
+                  .values_list("node_id").annotate(n=Count("id")))
+    return {node: counts[node.pk] for node in nodes if node.pk in counts}
+
+
+def node_delete_unless_busy(*, node: Node) -> None:
+    """Delete a node row (the Django admin's way), refused while tasks are
+    active on it: the cascade would drop the GPUs and ports they hold, and
+    its agent registers the node again at its next heartbeat, whose GPUs
+    and ports the next pass would then hand out a second time."""
+    with transaction.atomic():
+        lock_passes()  # no pass places a task there meanwhile
+        if TaskAttempt.objects.filter(node=node, state__in=ACTIVE_TASK_STATES).exists():
+            raise NodeStateError(f"node {node.name} still has active tasks; drain it first")
+        node.delete()
 
 
 def node_uncordon(*, node: Node) -> Node:

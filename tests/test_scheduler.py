@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from jobs.completion import Outcome, TaskResult, judge
-from jobs.scheduler import JobRequest, NodeState, Quota, RoleRequest, UserQuota, schedule
+from jobs.scheduler import JobRequest, NodeState, Quota, RoleRequest, UserQuota, never_fits, schedule
 from jobs.spec import PortSpec, parse_job_config
 
 
@@ -310,6 +310,17 @@ def test_a_task_needing_more_gpus_of_one_type_than_its_vc_holds_of_any_never_blo
                         max_overtakes=3)
     assert 1 in decision.never_fits and "2 GPUs of one type" in decision.waiting[1]
     assert 2 in decision.placed
+
+
+def test_a_gang_no_idle_cluster_can_hold_at_once_never_blocks():
+    # Two tasks of 8 GPUs each: each fits the one 8-GPU node, never both at once.
+    nodes = [node(1, "big", gpus={i: "V100" for i in range(8)}),
+             node(2, "s1", gpus={i: "V100" for i in range(4)}), node(3, "s2", gpus={i: "V100" for i in range(4)})]
+    quotas = {"default": Quota(cpus=1e6, memory_mb=1e9, gpus={"V100": 16})}
+    hopeless = job(1, r(tasks=2, gpus=8), gpu_type="V100", overtaken=3)
+    assert "even with every node idle" in never_fits(hopeless, nodes, quotas["default"])
+    decision = schedule([hopeless, job(2, r(gpus=1))], nodes, quotas, max_overtakes=3)
+    assert 1 in decision.never_fits and 2 in decision.placed
 
 
 def test_a_fixed_port_more_tasks_ask_for_than_there_are_addresses_never_blocks():

@@ -1,45 +1,35 @@
-"""Review findings on the scheduler."""
+"""Scheduling passes and what admins do to nodes meanwhile: a drain while a
+pass is deciding, and deleting a node whose tasks still run. Through the
+real services and the test database, on a node of the test's own that no
+agent serves (tests/test_lifecycle.py's `node`; the test plays its agent)."""
 
 from __future__ import annotations
 
-from jobs.scheduler import Quota, never_fits, schedule
-from tests.test_scheduler import job, r
-from tests.test_scheduler import node as pure_node
+import threading
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from jobs.models import ACTIVE_TASK_STATES, ExitType, GpuAllocation, Node, TaskAttempt
+from jobs.services import nodes as node_services
+from jobs.services import scheduling
+from tests.test_lifecycle import exit_, gpu_job, node, start  # noqa: F401  (node: a fixture)
+
+pytestmark = pytest.mark.services
 
 
-def test_a_gang_no_idle_cluster_can_hold_is_called_hopeless_and_blocks_nobody():
-    # Two tasks of 8 GPUs each: each fits the one 8-GPU node, never both at once.
-    nodes = [pure_node(1, "big", gpus={i: "V100" for i in range(8)}),
-             pure_node(2, "s1", gpus={i: "V100" for i in range(4)}), pure_node(3, "s2", gpus={i: "V100" for i in range(4)})]
-    quotas = {"default": Quota(cpus=1e6, memory_mb=1e9, gpus={"V100": 16})}
-    hopeless = job(1, r(tasks=2, gpus=8), gpu_type="V100", overtaken=3)
-    assert never_fits(hopeless, nodes, quotas["default"]) is not None
-    decision = schedule([hopeless, job(2, r(gpus=1))], nodes, quotas, max_overtakes=3)
-    assert 1 in decision.never_fits and 2 in decision.placed
-
-
-# ------------------------------------------------ a drain while a pass runs
-
-import threading  # noqa: E402
-
-import pytest  # noqa: E402
-from django.db import connection  # noqa: E402
-
-from jobs.models import ACTIVE_TASK_STATES, ExitType, TaskAttempt  # noqa: E402
-from jobs.services import nodes as node_services  # noqa: E402
-from jobs.services import scheduling  # noqa: E402
-from tests.test_lifecycle import gpu_job, node  # noqa: E402,F401  (node: a fixture)
-
-
-@pytest.mark.services
 def test_a_drain_during_a_pass_leaves_no_task_of_that_pass_running_on_the_node(alice, admin_user, node, monkeypatch):
+    """On PostgreSQL a pass reads the nodes under its own lock, which a drain
+    did not wait for: tasks it placed after the drain's stops had looked ran
+    on the drained node. (On SQLite the pass reads again under the write lock.)"""
     job = gpu_job(alice, node)
     read = scheduling._read
     drains: list[threading.Thread] = []
 
     def read_then_drain() -> scheduling._Inputs:
         inputs = read()
-        if not drains:  # the drain's own connection, as an admin's request would have
+        if not drains:  # the drain on a connection of its own, as an admin's request would be
             def drain() -> None:
                 try:
                     node_services.node_drain(node=node, by=admin_user, mode="stop")
@@ -57,15 +47,6 @@ def test_a_drain_during_a_pass_leaves_no_task_of_that_pass_running_on_the_node(a
     assert all(a.stop_reason == ExitType.NODE_DRAINED for a in left), [(a.pk, a.stop_reason) for a in left]
 
 
-# ------------------------------------------- deleting a node whose tasks run
-
-from django.test import Client  # noqa: E402
-
-from jobs.models import GpuAllocation, Node  # noqa: E402
-from tests.test_lifecycle import exit_, start  # noqa: E402
-
-
-@pytest.mark.services
 @pytest.mark.parametrize("how", ["delete page", "bulk action"])
 def test_the_django_admin_keeps_a_node_whose_tasks_still_run(alice, admin_user, node, how):
     """The cascade would drop the GPU and port allocations of its running

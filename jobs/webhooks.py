@@ -209,7 +209,9 @@ def _exchange(target: Target, address: Address, request: bytes, timeout: float) 
     finally:
         sock.close()
     parts = line.split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+    # Three digits, as HTTP has them: a longer number would not fit the
+    # delivery's response code, and recording it failed.
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not (len(parts[1]) == 3 and parts[1].isdigit()):
         raise Unreachable(f"the receiver did not answer HTTP ({line[:60]!r})")
     return int(parts[1])
 

@@ -1,0 +1,91 @@
+"""Webhooks against hostile or odd receivers and URLs: what a user choosing
+their own receiver can make the portal do. Real receivers on 127.0.0.1
+(the test processes allow 127.0.0.0/8, tests/settings.py)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from jobs import services, webhooks
+from jobs.models import NotificationDelivery
+from jobs.services import notifications
+from tests.test_notifications import SECRET, drain, receiver, waiting_job  # noqa: F401  (fixtures)
+
+Status = NotificationDelivery.Status
+
+
+class RawReceiver:
+    """A receiver on 127.0.0.1 that reads a request and answers `answer`,
+    byte for byte, whatever it is."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.requests: list[bytes] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                try:
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    self.requests.append(data)
+                    conn.sendall(self.answer)
+                except OSError:
+                    pass
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}/hook"
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+def raw_receiver():
+    made: list[RawReceiver] = []
+
+    def make(answer: bytes) -> RawReceiver:
+        made.append(RawReceiver(answer))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+@pytest.mark.parametrize("status", [b"99999999999999999999", b"2000", b"20"])
+def test_a_status_code_of_other_than_three_digits_is_no_http_answer(raw_receiver, status):
+    hook = raw_receiver(b"HTTP/1.1 " + status + b" OK\r\nContent-Length: 0\r\n\r\n")
+    outcome = webhooks.post(hook.url, b"{}", {}, networks=["127.0.0.0/8"], timeout=5)
+    assert (outcome.delivered, outcome.status) == (False, None)
+    assert "did not answer HTTP" in outcome.message
+
+
+def test_a_receiver_answering_a_huge_status_code_leaves_no_delivery_sending(drain, raw_receiver, alice, settings):
+    # Recording 99999999999999999999 as the response code failed (an integer
+    # too large for the column), so the delivery stayed SENDING until the
+    # repair sweep took its worker for dead.
+    settings.WEBHOOK_RETRY_SECONDS = [60]
+    hook = raw_receiver(b"HTTP/1.1 99999999999999999999 OK\r\nContent-Length: 0\r\n\r\n")
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert len(hook.requests) == 1
+    assert (delivery.status, delivery.tries, delivery.response_code) == (Status.RETRYING, 1, None)
+    assert "did not answer HTTP" in delivery.result

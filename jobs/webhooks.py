@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from jobs.addresses import Address, is_public
 
@@ -103,7 +103,19 @@ def parse_url(url: str) -> Target:
     if port == 0:
         raise ValueError("the URL's port is not a number from 1 to 65535")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path)
+    # The request goes out in ASCII: a domain name in its IDNA form, other
+    # letters in the path and query percent-encoded as UTF-8.
+    path = "".join(c if c.isascii() else quote(c) for c in path)
+    return Target(parts.scheme, _ascii_host(parts.hostname), port or (443 if parts.scheme == "https" else 80), path)
+
+
+def _ascii_host(host: str) -> str:
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ValueError("the URL's host is not a valid domain name") from None
 
 
 def literal_address(host: str) -> Address | None:

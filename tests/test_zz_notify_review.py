@@ -89,3 +89,22 @@ def test_a_receiver_answering_a_huge_status_code_leaves_no_delivery_sending(drai
     assert len(hook.requests) == 1
     assert (delivery.status, delivery.tries, delivery.response_code) == (Status.RETRYING, 1, None)
     assert "did not answer HTTP" in delivery.result
+
+
+def test_a_url_with_letters_beyond_ascii_is_delivered_percent_encoded(receiver):
+    # Taken when saved, but the request line was written as latin-1: "例"
+    # could not be written at all ("not sent", never tried again) and "é"
+    # went out as a bare byte no receiver reads as the URL's "é".
+    hook = receiver()
+    base = f"http://127.0.0.1:{hook.server.server_port}"
+    for path in ("/hooks/例?team=é", "/hooks/café"):
+        outcome = webhooks.post(base + path, b"{}", {}, networks=["127.0.0.0/8"], timeout=5)
+        assert (outcome.delivered, outcome.status) == (True, 200), outcome.message
+    assert [r["path"] for r in hook.requests] == ["/hooks/%E4%BE%8B?team=%C3%A9", "/hooks/caf%C3%A9"]
+
+
+def test_an_international_domain_name_is_sent_as_its_ascii_form():
+    target = webhooks.parse_url("https://Bücher.example:8443/x")
+    assert (target.host, target.host_header) == ("xn--bcher-kva.example", "xn--bcher-kva.example:8443")
+    with pytest.raises(ValueError, match="host"):
+        webhooks.parse_url("https://" + "ü" * 70 + ".example/")

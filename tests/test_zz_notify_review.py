@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
-from jobs import services, webhooks
+from jobs import queues, services, webhooks
 from jobs.models import NotificationDelivery
 from jobs.services import notifications
 from tests.test_notifications import SECRET, drain, receiver, waiting_job  # noqa: F401  (fixtures)
@@ -108,3 +111,28 @@ def test_an_international_domain_name_is_sent_as_its_ascii_form():
     assert (target.host, target.host_header) == ("xn--bcher-kva.example", "xn--bcher-kva.example:8443")
     with pytest.raises(ValueError, match="host"):
         webhooks.parse_url("https://" + "ü" * 70 + ".example/")
+
+
+def test_a_retry_queued_twice_is_tried_once_and_then_waits(drain, receiver, alice, settings):
+    # An overdue retry (the notify queue behind, agents away) is put on the
+    # queue by the retry set and by the repair sweep, and again at every
+    # sweep while it waits there. Each entry used to try it at once: a
+    # receiver that was down took several tries back to back, the waits of
+    # WEBHOOK_RETRY_SECONDS skipped, and was given up on early.
+    settings.WEBHOOK_RETRY_SECONDS = [60, 60, 60]
+    hook = receiver(statuses=(503, 503, 503))
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert (delivery.status, delivery.tries) == (Status.RETRYING, 1)
+
+    NotificationDelivery.objects.filter(pk=delivery.pk).update(next_try_at=timezone.now() - timedelta(minutes=2))
+    assert queues.enqueue_due_notifications(now=time.time() + 61) == 1
+    assert delivery.pk in notifications.deliveries_repair(force=True)
+    assert delivery.pk in notifications.deliveries_repair(force=True)
+    drain()
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.tries) == (Status.RETRYING, 2)
+    assert delivery.next_try_at > timezone.now() + timedelta(seconds=50)
+    assert len(hook.requests) == 2

@@ -36,7 +36,7 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -280,8 +280,8 @@ def delivery_try(delivery_id: int) -> str | None:
     held = _hold_behind_failure(delivery_id)
     if held is not _NOT_HELD:
         return held
-    claimed = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING)).update(
-        status=Status.SENDING, tries=F("tries") + 1, last_try_at=timezone.now(), next_try_at=None)
+    waiting = NotificationDelivery.objects.filter(_due(), pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
+    claimed = waiting.update(status=Status.SENDING, tries=F("tries") + 1, last_try_at=timezone.now(), next_try_at=None)
     if not claimed:
         return None
     delivery = NotificationDelivery.objects.get(pk=delivery_id)
@@ -290,6 +290,19 @@ def delivery_try(delivery_id: int) -> str | None:
     else:
         target, outcome = delivery.target, _send_email(delivery)
     return _record(delivery, target, outcome)
+
+
+# How much sooner than its next_try_at a retry may be taken: the agent that
+# moves it onto the queue may run a little ahead of the one trying it.
+EARLY_SECONDS = 5.0
+
+
+def _due() -> Q:
+    """Deliveries that may be tried now. A retry can be on the queue more
+    than once (the retry set's entry and the repair sweep's, one per sweep
+    while the queue is behind): the first entry tries it, the others find it
+    waiting for its next try and leave it, so no wait is skipped."""
+    return Q(next_try_at__isnull=True) | Q(next_try_at__lte=timezone.now() + timedelta(seconds=EARLY_SECONDS))
 
 
 # ------------------------------------------------- a receiver that is down
@@ -332,7 +345,7 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
     None if it was not waiting for a try, else _NOT_HELD. Only older ones
     hold it: two that failed at once, each held behind the other, were
     never tried again."""
-    waiting = NotificationDelivery.objects.filter(pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
+    waiting = NotificationDelivery.objects.filter(_due(), pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
     delivery = waiting.filter(channel=Channel.WEBHOOK).values("user_id", "created_at").first()
     url = delivery and NotificationSettings.objects.filter(user_id=delivery["user_id"]).values_list(
         "webhook_url", flat=True).first()

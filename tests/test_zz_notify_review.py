@@ -13,9 +13,10 @@ import pytest
 from django.utils import timezone
 
 from jobs import queues, services, webhooks
-from jobs.models import NotificationDelivery
+from jobs.models import NotificationDelivery, State
 from jobs.services import notifications
-from tests.test_notifications import SECRET, drain, receiver, waiting_job  # noqa: F401  (fixtures)
+from tests.cluster import free_port
+from tests.test_notifications import SECRET, drain, receiver, smtp, waiting_job, with_email  # noqa: F401  (fixtures)
 
 Status = NotificationDelivery.Status
 
@@ -136,3 +137,27 @@ def test_a_retry_queued_twice_is_tried_once_and_then_waits(drain, receiver, alic
     assert (delivery.status, delivery.tries) == (Status.RETRYING, 2)
     assert delivery.next_try_at > timezone.now() + timedelta(seconds=50)
     assert len(hook.requests) == 2
+
+
+def test_an_email_retry_goes_to_the_address_the_account_has_then(drain, smtp, alice, settings):
+    # A retry went to the address the account had when the job changed
+    # state, for hours of retries after an admin had changed it (perhaps
+    # because it was someone else's); a retried webhook uses the webhook as
+    # it is then, and the Profile page says mail goes to the current address.
+    down = free_port()
+    up = settings.EMAIL_PORT
+    settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = down, 2
+    with_email(alice)
+    notifications.email_states_set(user=alice, states=[State.STOPPED])
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert (delivery.status, delivery.target) == (Status.RETRYING, alice.email)
+
+    alice.email = "alice.new@example.org"
+    alice.save(update_fields=["email"])
+    settings.EMAIL_PORT = up
+    NotificationDelivery.objects.filter(pk=delivery.pk).update(next_try_at=timezone.now())
+    assert notifications.delivery_try(delivery.pk) == Status.DELIVERED
+    assert [recipients for recipients, _message in smtp.messages] == [["alice.new@example.org"]]
+    assert NotificationDelivery.objects.get(pk=delivery.pk).target == "alice.new@example.org"

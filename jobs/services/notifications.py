@@ -288,7 +288,9 @@ def delivery_try(delivery_id: int) -> str | None:
     if delivery.channel == Channel.WEBHOOK:
         target, outcome = _send_webhook(delivery)
     else:
-        target, outcome = delivery.target, _send_email(delivery)
+        # The account's address as it is now, as a retried webhook uses the webhook as it is now.
+        target = User.objects.filter(pk=delivery.user_id).values_list("email", flat=True).first() or ""
+        outcome = _send_email(delivery, target)
     return _record(delivery, target, outcome)
 
 
@@ -491,19 +493,19 @@ def _email_trigger_line(payload: dict[str, Any]) -> str:
     return f"Ended: {unsaid}" if unsaid else ""
 
 
-def _send_email(delivery: NotificationDelivery) -> webhooks.Outcome:
+def _send_email(delivery: NotificationDelivery, address: str) -> webhooks.Outcome:
     if not email_configured():
         return webhooks.Outcome(False, retry=False, message="the portal has no SMTP server (EMAIL_HOST)")
-    if not delivery.target:
+    if not address:
         return webhooks.Outcome(False, retry=False, message="your account has no e-mail address; ask an admin")
-    message = EmailMessage(email_subject(delivery.payload), _email_text(delivery.payload), to=[delivery.target],
+    message = EmailMessage(email_subject(delivery.payload), _email_text(delivery.payload), to=[address],
                            headers={"Auto-Submitted": "auto-generated"})
     try:
         message.send()
     except smtplib.SMTPRecipientsRefused as exc:
         codes = [code for code, _text in exc.recipients.values()]
         return webhooks.Outcome(False, retry=any(code < 500 for code in codes),
-                                message=f"the SMTP server refused {delivery.target}: {codes}")
+                                message=f"the SMTP server refused {address}: {codes}")
     except smtplib.SMTPResponseException as exc:
         return webhooks.Outcome(False, retry=exc.smtp_code < 500, status=exc.smtp_code,
                                 message=f"SMTP {exc.smtp_code}: {exc.smtp_error!r}")

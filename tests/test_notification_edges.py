@@ -1,6 +1,7 @@
-"""Webhooks against hostile or odd receivers and URLs: what a user choosing
-their own receiver can make the portal do. Real receivers on 127.0.0.1
-(the test processes allow 127.0.0.0/8, tests/settings.py)."""
+"""Notifications at their edges: receivers that answer oddly, URLs beyond
+ASCII, a retry queued twice, an e-mail address changed between tries.
+Real receivers on 127.0.0.1 (the test processes allow 127.0.0.0/8,
+tests/settings.py) and a real SMTP server (tests/test_notifications.py's)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ following Apache's WebHDFS REST documentation
   Location), 200 OK, or the file's bytes. Bodies arrive with a Content-Length
   or chunked.
 - GETFILESTATUS, LISTSTATUS (a file lists itself, pathSuffix ""),
+  LISTSTATUS_BATCH (DirectoryListing: partialListing, remainingEntries),
   GETHOMEDIRECTORY, MKDIRS, RENAME, DELETE, SETPERMISSION, SETOWNER answer
   JSON: FileStatus / FileStatuses / Path / boolean.
 - Errors are RemoteException JSON bodies with exception, javaClassName and
@@ -49,6 +50,7 @@ from tests.webhdfs_namespace import (
 )
 
 PREFIX = "/webhdfs/v1"
+LIST_BATCH = 1000  # entries a LISTSTATUS_BATCH answer holds at most (HDFS's dfs.ls.limit)
 
 
 @dataclass
@@ -218,6 +220,22 @@ class _WebHdfsHandler(BaseHTTPRequestHandler):
             statuses = [self.fs.status(join_path(path, name), name) for name in names]
         self._json(200, {"FileStatuses": {"FileStatus": statuses}})
 
+    def nn_liststatus_batch(self, path: str, user: str, query: dict[str, str], body: bytes) -> None:
+        """LISTSTATUS in batches of LIST_BATCH (HDFS's dfs.ls.limit), from
+        the name after `startAfter`, with how many entries remain."""
+        self.fs.check(user, path, "")
+        self._require(path)
+        if not self.fs.is_dir(path):
+            statuses, remaining = [self.fs.status(path, "")], 0
+        else:
+            self.fs.check(user, path, "rx")
+            after = query.get("startAfter", "")
+            names = sorted(child.name for child in self.fs.local(path).iterdir() if child.name > after)
+            statuses = [self.fs.status(join_path(path, name), name) for name in names[:LIST_BATCH]]
+            remaining = max(0, len(names) - LIST_BATCH)
+        self._json(200, {"DirectoryListing": {"partialListing": {"FileStatuses": {"FileStatus": statuses}},
+                                              "remainingEntries": remaining}})
+
     def nn_getcontentsummary(self, path: str, user: str, query: dict[str, str], body: bytes) -> None:
         self.fs.check(user, path, "")
         self._require(path)
@@ -345,6 +363,7 @@ class _WebHdfsHandler(BaseHTTPRequestHandler):
 
 _NAMENODE_OPS = {
     ("GET", "GETFILESTATUS"): "nn_getfilestatus", ("GET", "LISTSTATUS"): "nn_liststatus",
+    ("GET", "LISTSTATUS_BATCH"): "nn_liststatus_batch",
     ("GET", "GETHOMEDIRECTORY"): "nn_gethomedirectory", ("GET", "OPEN"): "nn_open",
     ("GET", "GETCONTENTSUMMARY"): "nn_getcontentsummary",
     ("PUT", "CREATE"): "nn_create", ("POST", "APPEND"): "nn_append", ("PUT", "MKDIRS"): "nn_mkdirs",

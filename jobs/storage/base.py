@@ -6,9 +6,10 @@ the caller; backends only make sure a path cannot leave their own root.
 
 from __future__ import annotations
 
+import heapq
 import posixpath
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +41,55 @@ class Entry:
         return self.path.rsplit("/", 1)[-1]
 
 
+# A folder listing's order: folders first, then by name, case folded (the
+# name itself breaks ties, so the order is total and a key names one entry).
+ListingKey = tuple[bool, str, str]
+
+
+def listing_key(name: str, is_dir: bool) -> ListingKey:
+    return (not is_dir, name.lower(), name)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Part of a folder's listing: `entries` in listing order, the first of
+    them the `start`-th (1-based) of the `total` entries."""
+
+    entries: list[Entry]
+    total: int
+    start: int
+
+
+def window_of(keyed: Iterable[tuple[ListingKey, object]], *, after: ListingKey | None, before: ListingKey | None,
+              limit: int) -> tuple[list[tuple[ListingKey, object]], int, int]:
+    """One pass over a folder's (key, item) pairs, holding no more than
+    `limit` of them whatever the folder's size: the `limit` first after
+    `after`, or the `limit` last before `before` (else the first), with the
+    total and the 1-based position of the first one kept."""
+    total = ahead = 0  # ahead: entries before the window's first
+
+    def counted() -> Iterator[tuple[ListingKey, object]]:
+        nonlocal total, ahead
+        for pair in keyed:
+            total += 1
+            key = pair[0]
+            if before is not None:
+                if key < before:
+                    ahead += 1
+                    yield pair
+            elif after is None or key > after:
+                yield pair
+            else:
+                ahead += 1
+
+    if before is not None:
+        chosen = sorted(heapq.nlargest(limit, counted(), key=lambda pair: pair[0]), key=lambda pair: pair[0])
+        ahead -= len(chosen)
+    else:
+        chosen = heapq.nsmallest(limit, counted(), key=lambda pair: pair[0])
+    return chosen, total, ahead + 1
+
+
 class Backend(ABC):
     """list, stat, read, write (streamed), mkdir, delete; trees on top."""
 
@@ -52,6 +102,15 @@ class Backend(ABC):
     @abstractmethod
     def list(self, path: str) -> list[Entry]:
         """A folder's entries (StorageNotFound / StorageError if not a folder)."""
+
+    def list_window(self, path: str, *, keep: Callable[[str], bool], limit: int, after: ListingKey | None = None,
+                    before: ListingKey | None = None) -> Window:
+        """A page of a folder's listing (see window_of), of the entries whose
+        path `keep` takes. Backends whose folders can be too big to hold
+        whole override it to read them as a stream."""
+        keyed = ((listing_key(entry.name, entry.is_dir), entry) for entry in self.list(path) if keep(entry.path))
+        chosen, total, start = window_of(keyed, after=after, before=before, limit=limit)
+        return Window([entry for _, entry in chosen], total, start)  # type: ignore[misc]
 
     @abstractmethod
     def _open(self, path: str) -> AbstractContextManager[BinaryIO]:

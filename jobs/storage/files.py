@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from jobs import storage
 from jobs.storage import access, paths, quota
 from jobs.storage.access import Reader
-from jobs.storage.base import PARTIAL_PREFIX, Backend, Entry
+from jobs.storage.base import PARTIAL_PREFIX, Backend, Entry, ListingKey, Window, listing_key
 from jobs.storage.errors import StorageError, StorageNotFound
 from jobs.storage.uploads import StagedFile, Staging
 
@@ -39,14 +39,49 @@ class Folder:
     path: str
     uri: str
     exists: bool
-    entries: list[Entry]
+    entries: list[Entry]  # a page of them (PAGE_ENTRIES at most)
     crumbs: list[Crumb]
     may_write: bool
     may_create: bool  # missing, and the reader may make it
+    total: int = 0  # entries in the folder
+    start: int = 1  # the page's first is the start-th
 
     @property
     def parent(self) -> str | None:
         return None if self.path == paths.ROOT else paths.parent(self.path)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.entries) - 1
+
+    @property
+    def next_mark(self) -> str:
+        """Where the next page starts after ("" on the last page)."""
+        return place_mark(self.entries[-1]) if self.entries and self.end < self.total else ""
+
+    @property
+    def previous_mark(self) -> str:
+        """Where the previous page ends before ("" on the first page)."""
+        return place_mark(self.entries[0]) if self.entries and self.start > 1 else ""
+
+
+# Entries a page of the storage page lists: a folder of a million files is
+# read as a stream, and only a page of it is held and shown.
+PAGE_ENTRIES = 1000
+
+
+def place_mark(entry: Entry) -> str:
+    """An entry's place in a listing, for a page link: d:<name> or f:<name>."""
+    return ("d:" if entry.is_dir else "f:") + entry.name
+
+
+def _listing_key(mark: str, field: str) -> ListingKey | None:
+    if not mark:
+        return None
+    kind, _, name = mark.partition(":")
+    if kind not in ("d", "f") or not name or "/" in name:
+        raise StorageError(f"{field}: expected d:<folder name> or f:<file name>, got {mark[:80]!r}")
+    return listing_key(name, kind == "d")
 
 
 def home_of(reader: Reader) -> str:
@@ -61,17 +96,22 @@ def crumbs(path: str) -> list[Crumb]:
     return [Crumb("/", "/")] + [Crumb(name, "/" + "/".join(parts[: i + 1])) for i, name in enumerate(parts)]
 
 
-def folder_open(reader: Reader, path: str) -> Folder:
+def folder_open(reader: Reader, path: str, *, after: str = "", before: str = "") -> Folder:
+    """A page of the folder at `path`: its first, or the one after the
+    place mark `after`, or the one before `before` (Folder.next_mark and
+    previous_mark)."""
     access.check_read(reader, path)
+    after_key, before_key = _listing_key(after, "after"), _listing_key(before, "before")
     backend = storage.backend_for(reader)
     entry = backend.stat(path)
     if entry is not None and not entry.is_dir:
         raise StorageError(f"{path} is a file; download it instead")
-    entries = [] if entry is None else backend.list(path)
-    entries = sorted((e for e in entries if access.may_read(reader, e.path)), key=lambda e: (not e.is_dir, e.name.lower()))
+    window = Window([], 0, 1) if entry is None else backend.list_window(
+        path, keep=lambda inner: access.may_read(reader, inner), limit=PAGE_ENTRIES, after=after_key, before=before_key)
     writable = access.may_write(reader, path)
-    return Folder(path=path, uri=storage.to_uri(path), exists=entry is not None, entries=entries, crumbs=crumbs(path),
-                  may_write=writable and entry is not None, may_create=writable and entry is None)
+    return Folder(path=path, uri=storage.to_uri(path), exists=entry is not None, entries=window.entries,
+                  crumbs=crumbs(path), may_write=writable and entry is not None, may_create=writable and entry is None,
+                  total=window.total, start=window.start)
 
 
 def _name(name: str, what: str) -> str:

@@ -13,13 +13,13 @@ import os
 import shutil
 import stat as stat_module
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry
+from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry, ListingKey, Window, listing_key, window_of
 from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
 from jobs.storage.paths import join
 from jobs.storage.registry import StorageKind, register_storage
@@ -121,6 +121,29 @@ class LocalBackend(Backend):
             raise _error(path, exc) from None
         entries = (self._entry(join(path, name), real / name) for name in names if not name.startswith(PARTIAL_PREFIX))
         return [entry for entry in entries if entry is not None]
+
+    def list_window(self, path: str, *, keep: Callable[[str], bool], limit: int, after: ListingKey | None = None,
+                    before: ListingKey | None = None) -> Window:
+        """Read as a stream (os.scandir): a folder of a million files holds
+        only the window's names in memory, and only they are stat'ed."""
+        real = self._real(path)
+        try:
+            scanner = os.scandir(real)
+        except FileNotFoundError:
+            raise StorageNotFound(f"{path} does not exist") from None
+        except NotADirectoryError:
+            raise StorageError(f"{path} is a file; expected a folder") from None
+        except OSError as exc:
+            raise _error(path, exc) from None
+        with scanner:
+            keyed = ((listing_key(item.name, is_dir), item.name) for item, is_dir in _plain_entries(scanner)
+                     if not item.name.startswith(PARTIAL_PREFIX) and keep(join(path, item.name)))
+            try:
+                chosen, total, start = window_of(keyed, after=after, before=before, limit=limit)
+            except OSError as exc:
+                raise _error(path, exc) from None
+        entries = (self._entry(join(path, name), real / name) for _, name in chosen)  # type: ignore[misc]
+        return Window([entry for entry in entries if entry is not None], total, start)  # removed meanwhile: left out
 
     @contextmanager
     def _open(self, path: str) -> Iterator[BinaryIO]:
@@ -258,6 +281,19 @@ class LocalBackend(Backend):
                 raise StorageError(f"{path} is not empty") from None
             raise _error(path, exc) from None
         return True
+
+
+def _plain_entries(scanner: Iterator[os.DirEntry]) -> Iterator[tuple[os.DirEntry, bool]]:
+    """Folders and regular files (whether each is a folder), as `list`
+    shows them: symlinks, sockets and fifos are not ours to show."""
+    for item in scanner:
+        try:
+            if item.is_dir(follow_symlinks=False):
+                yield item, True
+            elif item.is_file(follow_symlinks=False):
+                yield item, False
+        except OSError:
+            continue  # removed meanwhile
 
 
 class _Chunks:

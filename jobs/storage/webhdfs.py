@@ -17,7 +17,7 @@ import json
 import secrets
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
@@ -25,9 +25,10 @@ from urllib.parse import urlsplit
 
 import requests
 from hdfs import HdfsError, InsecureClient
+from hdfs.client import _Request
 from requests.adapters import HTTPAdapter
 
-from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry
+from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry, ListingKey, Window, listing_key, window_of
 from jobs.storage.errors import (StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded,
                                  StorageUnavailable)
 from jobs.storage.paths import ROOT, join, parent
@@ -36,6 +37,9 @@ from jobs.storage.registry import StorageKind, register_storage
 # (connect, read) seconds: a namenode that does not answer must not hang a
 # page or a task start for minutes.
 TIMEOUT = (5, 120)
+# HdfsCLI has no call for it (its list() is one LISTSTATUS, the whole folder
+# in one answer); its own request helper makes one, with the same retries.
+_list_status_batch = _Request("GET").to_method("LISTSTATUS_BATCH")
 
 
 class WebHdfsBackend(Backend):
@@ -105,6 +109,33 @@ class WebHdfsBackend(Backend):
                     raise StorageError(f"{path} is a file; expected a folder") from None
                 raise
         return [_entry(join(path, name), status) for name, status in statuses if not name.startswith(PARTIAL_PREFIX)]
+
+    def list_window(self, path: str, *, keep: Callable[[str], bool], limit: int, after: ListingKey | None = None,
+                    before: ListingKey | None = None) -> Window:
+        """Read in the namenode's batches (LISTSTATUS_BATCH, dfs.ls.limit
+        entries each): a folder of a million files is never one answer,
+        and only the window's entries are held."""
+        keyed = ((listing_key(status["pathSuffix"], status.get("type") == "DIRECTORY"), status)
+                 for status in self._statuses(path)
+                 if not status["pathSuffix"].startswith(PARTIAL_PREFIX) and keep(join(path, status["pathSuffix"])))
+        chosen, total, start = window_of(keyed, after=after, before=before, limit=limit)
+        return Window([_entry(join(path, status["pathSuffix"]), status) for _, status in chosen],  # type: ignore[index]
+                      total, start)
+
+    def _statuses(self, path: str) -> Iterator[dict[str, Any]]:
+        after: str | None = None
+        while True:
+            with self._errors(path):
+                body = _list_status_batch(self.client, path, **({"startAfter": after} if after is not None else {}))
+                listing = body.json()["DirectoryListing"]
+            statuses = listing["partialListing"]["FileStatuses"]["FileStatus"]
+            for status in statuses:
+                if not status.get("pathSuffix"):  # a file lists itself
+                    raise StorageError(f"{path} is a file; expected a folder")
+                yield status
+            if not statuses or not listing.get("remainingEntries"):
+                return
+            after = statuses[-1]["pathSuffix"]
 
     @contextmanager
     def _open(self, path: str) -> Iterator[BinaryIO]:

@@ -62,12 +62,13 @@ def browse(request: HttpRequest) -> HttpResponse:
     try:
         raw = request.GET.get("path", "").strip()
         path = _locate(request, raw) if raw else files.home_of(reader)
-        folder = files.folder_open(reader, path)
+        folder = files.folder_open(reader, path, after=request.GET.get("after", ""),
+                                   before=request.GET.get("before", ""))
     except storage.StorageError as exc:
         context.update(error=str(exc), home=reader.home)
         return render(request, "jobs/storage.html", context, status=_status(exc))
     use_as = [(field, reverse("jobs:submit") + "?" + urlencode({field: folder.uri})) for field in USE_AS_FIELDS]
-    context.update(folder=folder, use_as=use_as)
+    context.update(folder=folder, use_as=use_as, page_entries=files.PAGE_ENTRIES)
     return render(request, "jobs/storage.html", context)
 
 

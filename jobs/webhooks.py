@@ -40,6 +40,7 @@ SIGNATURE_HEADER = "X-Portal-Signature"
 MAX_URL_LENGTH = 2000
 USER_AGENT = "gpu-job-portal-webhook/1"
 _MAX_STATUS_BYTES = 8192
+_MAX_INTERIM = 10  # interim (1xx) answers read past before the final one
 
 
 def sign(body: bytes, secret: str) -> str:
@@ -195,17 +196,36 @@ def _request(target: Target, body: bytes, headers: dict[str, str]) -> bytes:
 
 
 def _status_line(sock: socket.socket, deadline: float) -> bytes:
-    """Read until the status line is complete; only it matters to us."""
+    """The final answer's status line; only it matters to us. Interim
+    answers (100 Continue, 103 Early Hints: 1xx but 101) come before it and
+    are read past: a receiver sending one was judged by it, as refusing."""
     data = b""
-    while b"\r\n" not in data:
+    for _ in range(_MAX_INTERIM + 1):
+        data = _read_until(sock, data, b"\r\n", deadline)
+        line = data.split(b"\r\n", 1)[0]
+        if not _is_interim(line):
+            return line
+        data = _read_until(sock, data, b"\r\n\r\n", deadline)
+        if b"\r\n\r\n" not in data:
+            break
+        data = data.split(b"\r\n\r\n", 1)[1]
+    return b""  # no final answer: not HTTP as we take it
+
+
+def _read_until(sock: socket.socket, data: bytes, marker: bytes, deadline: float) -> bytes:
+    while marker not in data and len(data) <= _MAX_STATUS_BYTES:
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         chunk = sock.recv(1024)
         if not chunk:
             break
         data += chunk
-        if len(data) > _MAX_STATUS_BYTES:
-            break
-    return data.split(b"\r\n", 1)[0]
+    return data
+
+
+def _is_interim(line: bytes) -> bool:
+    parts = line.split(b" ", 2)
+    return (len(parts) >= 2 and parts[0].startswith(b"HTTP/") and len(parts[1]) == 3 and parts[1].isdigit()
+            and parts[1][:1] == b"1" and parts[1] != b"101")
 
 
 def _exchange(target: Target, address: Address, request: bytes, timeout: float) -> int:

@@ -81,6 +81,26 @@ def test_a_status_code_of_other_than_three_digits_is_no_http_answer(raw_receiver
     assert "did not answer HTTP" in outcome.message
 
 
+@pytest.mark.parametrize(("answer", "delivered", "status"), [
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", True, 204),
+    (b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+     True, 200),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n", False, 503),
+])
+def test_an_interim_answer_before_the_final_one_is_read_past(raw_receiver, answer, delivered, status):
+    """A receiver may send 100 Continue or 103 Early Hints first: the
+    delivery was judged by it, as refused and never tried again."""
+    hook = raw_receiver(answer)
+    outcome = webhooks.post(hook.url, b"{}", {}, networks=["127.0.0.0/8"], timeout=5)
+    assert (outcome.delivered, outcome.status) == (delivered, status)
+
+
+def test_interim_answers_alone_are_no_http_answer(raw_receiver):
+    hook = raw_receiver(b"HTTP/1.1 100 Continue\r\n\r\n" * 20)
+    outcome = webhooks.post(hook.url, b"{}", {}, networks=["127.0.0.0/8"], timeout=5)
+    assert (outcome.delivered, outcome.retry) == (False, True) and "did not answer HTTP" in outcome.message
+
+
 def test_a_receiver_answering_a_huge_status_code_leaves_no_delivery_sending(drain, raw_receiver, alice, settings):
     # Recording 99999999999999999999 as the response code failed (an integer
     # too large for the column), so the delivery stayed SENDING until the

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
 import socket
 import ssl
 import threading
@@ -110,13 +111,21 @@ def parse_url(url: str) -> Target:
     return Target(parts.scheme, _ascii_host(parts.hostname), port or (443 if parts.scheme == "https" else 80), path)
 
 
+_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)\Z")
+
+
 def _ascii_host(host: str) -> str:
-    if host.isascii():
-        return host
-    try:
-        return host.encode("idna").decode("ascii")
-    except UnicodeError:
-        raise ValueError("the URL's host is not a valid domain name") from None
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError("the URL's host is not a valid domain name") from None
+    # A name no resolver could ever answer (a..b, a label over 63 letters)
+    # is refused when saved, not tried and retried for hours.
+    name = host.rstrip(".")
+    if literal_address(host) is None and (len(name) > 253 or not all(_LABEL_RE.match(p) for p in name.split("."))):
+        raise ValueError("the URL's host is not a valid domain name")
+    return host
 
 
 def literal_address(host: str) -> Address | None:

@@ -182,3 +182,11 @@ def test_an_email_retry_goes_to_the_address_the_account_has_then(drain, smtp, al
     assert notifications.delivery_try(delivery.pk) == Status.DELIVERED
     assert [recipients for recipients, _message in smtp.messages] == [["alice.new@example.org"]]
     assert NotificationDelivery.objects.get(pk=delivery.pk).target == "alice.new@example.org"
+
+
+@pytest.mark.parametrize("url", ["http://a..b/hook", "http://-a.example/hook", f"http://{'a' * 64}.example/hook",
+                                 "http://.example/hook"])
+def test_a_host_no_resolver_could_answer_is_refused_when_saved(alice, url):
+    """Taken, then tried and retried for hours before being given up."""
+    with pytest.raises(notifications.NotificationError, match="not a valid domain name"):
+        notifications.webhook_set(user=alice, url=url, secret=SECRET)

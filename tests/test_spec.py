@@ -424,3 +424,15 @@ def test_it_refuses_job_and_task_role_names_of_dots_only(name):
     assert any(p.startswith("taskRoles[0].name") and "not dots only" in p
                for p in problems({**good(), "taskRoles": [role]}))
     assert parse({**good(), "jobName": f"{name}a."}).spec.job_name == f"{name}a."
+
+
+def test_it_refuses_fixed_ports_of_one_role_that_overlap():
+    """8080 x2 and 8081 in one role: accepted, then never placed anywhere."""
+    role = {**good()["taskRoles"][0], "portList": [{"label": "a", "beginAt": 8080, "portNumber": 2},
+                                                    {"label": "b", "beginAt": 8081, "portNumber": 1},
+                                                    {"label": "c", "beginAt": 0, "portNumber": 5}]}
+    found = problems({**good(), "taskRoles": [role]})
+    assert any(p.startswith("taskRoles[0].portList") and 'ports 8081..8081 of label "b" overlap 8080..8081' in p
+               for p in found), found
+    role["portList"][1]["beginAt"] = 8082
+    assert [p.label for p in parse({**good(), "taskRoles": [role]}).spec.task_roles[0].ports] == ["a", "b", "c"]

@@ -305,7 +305,7 @@ class _Validator:
             before = self.problem_count
             label = self.string(entry, "label", port_path, required=True, pattern=LABEL_RE, allow_empty=False,
                                 pattern_help="letters, digits and . _ ~, not dots only (pattern ^[A-Za-z0-9._~]+$)",
-                           max_length=64)
+                                max_length=64)
             begin = self.integer(entry, "beginAt", port_path, required=True, minimum=0, maximum=65535)
             number = self.integer(entry, "portNumber", port_path, required=True, minimum=1, maximum=MAX_PORT_NUMBER)
             kept = self.unknown_keys(entry, port_path, PORT_FIELDS, ())
@@ -317,7 +317,17 @@ class _Validator:
                 labels[label] = index
             if self.problem_count == before and label is not None and begin is not None and number is not None:
                 ports.append(PortSpec(label=label, begin_at=begin, port_number=number, extra=kept))
+        self._fixed_ports_apart(ports, where)
         return ports
+
+    def _fixed_ports_apart(self, ports: list[PortSpec], where: str) -> None:
+        """A task cannot take one port twice: such a role could never be
+        placed anywhere, and would wait for good."""
+        fixed = sorted((p.fixed[0], p.fixed[-1], p.label) for p in ports if p.begin_at)
+        for (first, last, label), (next_first, next_last, next_label) in zip(fixed, fixed[1:]):
+            if next_first <= last:
+                self.error(where, f'fixed ports {next_first}..{next_last} of label "{next_label}" overlap '
+                                  f'{first}..{last} of label "{label}"; a task takes each port once')
 
     def job_envs(self, value: dict) -> dict[str, Scalar] | None:
         envs = value.get("jobEnvs")

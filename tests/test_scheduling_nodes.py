@@ -66,3 +66,22 @@ def test_the_django_admin_keeps_a_node_whose_tasks_still_run(alice, admin_user, 
     assert exit_(task, 0)  # nothing runs there now: the delete goes through
     assert client.post(f"/admin/jobs/node/{node.pk}/delete/", {"post": "yes"}).status_code == 302
     assert not Node.objects.filter(pk=node.pk).exists()
+
+
+def test_a_share_typed_to_a_hundredth_of_a_percent_holds_whole_gpus():
+    """Three virtual clusters of 33.33% on three GPUs: each held 0.9999 of
+    a GPU, so a one-GPU job could never fit ("needs 1 GPUs but ... holds 1.0")."""
+    from jobs import scheduler
+    from jobs.services.scheduling import _quotas
+
+    node = scheduler.NodeState(id=1, name="n", address="10.9.0.1", cpus=3, memory_mb=3000,
+                               gpus={0: "K80", 1: "K80", 2: "K80"}, port_start=30000, port_end=30100)
+    quotas = _quotas([node], {}, [("default", 0.0), ("a", 33.33), ("b", 33.33), ("c", 33.34)], [])
+    assert [quotas[name].gpus["K80"] for name in ("a", "b", "c")] == [1.0, 1.0, 1.0]
+    assert [quotas[name].cpus for name in ("a", "b", "c")] == [1.0, 1.0, 1.0]
+    assert quotas["a"].memory_mb == 1000.0
+    request = scheduler.JobRequest(id=7, vc="a", gpu_type="K80", roles=(
+        scheduler.RoleRequest(name="main", task_number=1, cpus=1, memory_mb=500, gpus=1),))
+    assert scheduler.never_fits(request, [node], quotas["a"]) is None
+    # A share that is not close to a whole unit stays as it is.
+    assert _quotas([node], {}, [("default", 0.0), ("a", 50.0)], [])["a"].gpus["K80"] == 1.5

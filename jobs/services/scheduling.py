@@ -218,6 +218,17 @@ def quotas(states: list[scheduler.NodeState]) -> dict[str, scheduler.Quota]:
     return _quotas(states, used, VirtualCluster.objects.values_list("name", "capacity"), gpu_rows)
 
 
+# Shares are typed in percent to a hundredth: a quota within that of a whole
+# unit is that unit. Three virtual clusters of 33.33% on three GPUs each hold
+# one GPU, not 0.9999 of one that no one-GPU job could ever fit.
+SHARE_PRECISION = 0.0001
+
+
+def _whole_if_close(value: float, total: float) -> float:
+    nearest = round(value)
+    return float(nearest) if abs(value - nearest) <= total * SHARE_PRECISION + 1e-9 else value
+
+
 def _quotas(states: list[scheduler.NodeState], used: dict[str, tuple[int, int]], vcs: Iterable[tuple[str, float]],
             gpu_rows: Iterable[tuple[str, str, int]]) -> dict[str, scheduler.Quota]:
     """`quotas`, given the CPUs and memory held by virtual cluster, the
@@ -236,8 +247,9 @@ def _quotas(states: list[scheduler.NodeState], used: dict[str, tuple[int, int]],
         share = max(0.0, 100.0 - others) if name == VirtualCluster.DEFAULT else capacity
         share /= 100.0
         result[name] = scheduler.Quota(
-            cpus=total_cpus * share, memory_mb=total_memory * share,
-            gpus={kind: count * share for kind, count in total_gpus.items()},
+            cpus=_whole_if_close(total_cpus * share, total_cpus),
+            memory_mb=_whole_if_close(total_memory * share, total_memory),
+            gpus={kind: _whole_if_close(count * share, count) for kind, count in total_gpus.items()},
         )
     for name, (cpus, memory) in used.items():
         if name in result:

@@ -23,7 +23,7 @@ from jobs.api.errors import invalid
 from jobs.api.http import handler, ok, optional_int_param, resource
 from jobs.api.views.jobs import find_job
 from jobs.api.views.tasks import _asked_attempt, _task
-from jobs.models import TaskAttempt
+from jobs.models import TaskAttempt, TaskUsage
 from jobs.services import usage
 
 
@@ -56,14 +56,14 @@ def _task_metrics(request: HttpRequest, username: str, name: str, role: str, ind
                "samples": [usage.sample_json(row) for row in samples]})
 
 
-def _task_json(attempt: TaskAttempt, since: datetime | None, idle: set[int], limit: int) -> dict[str, Any]:
+def _task_json(attempt: TaskAttempt, samples: list[TaskUsage], idle: set[int]) -> dict[str, Any]:
     return {
         "taskRole": attempt.task.role, "taskIndex": attempt.task.index, "attempt": attempt.number,
         "state": attempt.state, "node": attempt.node_name, "gpus": attempt.gpus,
         # Simulated GPUs are scheduled but report nothing: no GPU figures, ever.
         "gpusSimulated": bool(attempt.node and attempt.node.gpus_simulated),
         "idleGpus": attempt.pk in idle,
-        "samples": [usage.sample_json(row) for row in usage.task_samples(attempt.pk, since=since, limit=limit)],
+        "samples": [usage.sample_json(row) for row in samples],
     }
 
 
@@ -76,9 +76,10 @@ def _job_metrics(request: HttpRequest, username: str, name: str) -> HttpResponse
                     .order_by("task__role", "task__index"))
     idle = usage.idle_attempt_ids(a.pk for a in attempts)
     limit = usage.samples_per_task(len(attempts))
+    samples = usage.tasks_samples([a.pk for a in attempts], since=since, limit=limit)
     return ok({"job": f"{job.owner.username}~{job.name}", "state": job.state, "attempt": number,
                "sampleSeconds": usage.sample_seconds(), "samplesPerTask": limit,
-               "tasks": [_task_json(attempt, since, idle, limit) for attempt in attempts]})
+               "tasks": [_task_json(attempt, samples[attempt.pk], idle) for attempt in attempts]})
 
 
 task_metrics = resource(GET=_task_metrics)

@@ -23,7 +23,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import (
-    ExitType, Job, JobAttempt, Node, State, Task, TaskAttempt, TaskState, TaskUsage, VirtualCluster,
+    ExitType, Job, JobAttempt, LogLine, Node, State, Stream, Task, TaskAttempt, TaskState, TaskUsage, TerminalSession,
+    VirtualCluster,
 )
 from jobs.services import tokens
 from jobs.spec import parse_job_value
@@ -43,10 +44,10 @@ def node() -> Iterator[Node]:
     Job.objects.filter(task_attempts__node=made).update(state=State.STOPPED)
 
 
-def big_job(owner, node: Node, *, tasks: int, attempts: int = 2, samples: int = 3) -> Job:
+def big_job(owner, node: Node, *, tasks: int, attempts: int = 2, samples: int = 3, jupyter: bool = False) -> Job:
     """A running job of `tasks` one-GPU tasks on its attempt `attempts`,
-    every attempt placed on `node` with ssh and http ports; the current
-    attempt's tasks have `samples` usage samples each."""
+    every attempt placed on `node` with ssh and http ports (and jupyter's);
+    the current attempt's tasks have `samples` usage samples each."""
     name = f"big_{uuid.uuid4().hex[:8]}"
     cfg = config(name, role(tasks=tasks, gpus=1, command="sleep 600"), retryCount=attempts - 1)
     stored = parse_job_value(cfg, user_name=owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
@@ -69,7 +70,8 @@ def big_job(owner, node: Node, *, tasks: int, attempts: int = 2, samples: int = 
                 host_ip=node.address, ip=f"10.9.{task.index // 250}.{task.index % 250}",
                 state=TaskState.RUNNING if current else TaskState.FAILED, exit_code=None if current else 1,
                 exit_type="" if current else ExitType.USER_EXIT, container_id=f"c{job_attempt.number}-{task.index}",
-                gpus=[task.index % 8], gpu_type="BIG", ports={"ssh": [40000 + task.index], "http": [41000 + task.index]},
+                gpus=[task.index % 8], gpu_type="BIG", ports={"ssh": [40000 + task.index], "http": [41000 + task.index],
+                                                              **({"jupyter": [42000 + task.index]} if jupyter else {})},
                 started_at=now - timedelta(minutes=30), finished_at=None if current else now - timedelta(minutes=40),
                 ssh_available=True))
     TaskAttempt.objects.bulk_create(rows)
@@ -107,3 +109,38 @@ def test_it_reads_a_jobs_usage_in_queries_that_do_not_grow_with_its_tasks(alice,
         assert counts[0] == counts[1], counts
     body = client.get(f"/api/v2/jobs/{alice.username}~{big.name}/metrics").json()
     assert len(body["tasks"]) == 200 and {len(task["samples"]) for task in body["tasks"]} == {3}
+
+
+# ------------------------------------------------------------ the job page
+
+
+def test_the_job_page_reads_its_tasks_in_queries_that_do_not_grow_with_them(alice, node):
+    client = Client()
+    client.force_login(alice)
+    small, big = big_job(alice, node, tasks=10), big_job(alice, node, tasks=200)
+    for path in ("/jobs/{}/", "/jobs/{}/live/", "/jobs/{}/live/?attempt=1"):
+        counts = [queries_of(client, path.format(job.pk)) for job in (small, big)]
+        assert counts[0] == counts[1], (path, counts)
+
+
+def test_jupyter_tasks_tokens_and_terminals_are_read_once_for_all_tasks(alice, node):
+    """Each running Jupyter task's link carries the token its server logged,
+    and its idleness counts a terminal open in it: read for all the tasks
+    of the live part at once, not per task."""
+    client = Client()
+    client.force_login(alice)
+    jobs = [big_job(alice, node, tasks=tasks, jupyter=True) for tasks in (10, 200)]
+    for job in jobs:
+        current = list(TaskAttempt.objects.filter(job=job, number=job.attempt_number).order_by("pk"))
+        LogLine.objects.bulk_create([
+            LogLine(attempt=attempt, stream=Stream.STDERR, seq=seq, text=text) for attempt in current
+            for seq, text in enumerate([f"http://127.0.0.1:8888/?token={'ab' * 8}{attempt.pk:08x} old",
+                                        f"http://127.0.0.1:8888/lab?token={'cd' * 8}{attempt.pk:08x}", "ready"])])
+        TerminalSession.objects.create(user=alice, attempt=current[0])
+    counts = [queries_of(client, f"/jobs/{job.pk}/live/") for job in jobs]
+    assert counts[0] == counts[1], counts
+    html = client.get(f"/jobs/{jobs[1].pk}/live/").content.decode()
+    current = TaskAttempt.objects.filter(job=jobs[1], number=jobs[1].attempt_number)
+    assert html.count('class="button jupyter-link"') == 200
+    for attempt in current:
+        assert f"%3Ftoken%3D{'cd' * 8}{attempt.pk:08x}\"" in html

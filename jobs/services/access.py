@@ -12,12 +12,14 @@ from urllib.parse import quote, unquote, urlencode
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.urls import reverse
 from django.utils import timezone
 
 from jobs import keys
 from jobs.environment import SSH_PORT_LABEL
-from jobs.models import Job, LogLine, SshKey, Stream, TaskAttempt, TaskState, User, lock_user_row
+from jobs.models import Job, LogLine, SshKey, Stream, TaskAttempt, TaskState, TerminalSession, User, lock_user_row
 
 # Jupyter prints its URL with `?token=<48 hex digits>` (notebook, lab, server).
 _TOKEN_RE = re.compile(r"[?&]token=([0-9a-fA-F]{16,128})\b")
@@ -93,25 +95,44 @@ def jupyter_token(job: Job, attempt: TaskAttempt) -> str:
     """The token to open the task's Jupyter with: the one its command sets,
     else the one the server printed in the log (the latest: a restarted
     server prints a new one); "" if neither."""
-    from_command = token_in_command(role_command(job, attempt.task.role))
-    if from_command is not None:
+    return jupyter_tokens(job, [attempt])[attempt.pk]
+
+
+# Lines holding "token=" read per task, newest first, for the one Jupyter printed.
+TOKEN_LINES = 50
+
+
+def jupyter_tokens(job: Job, attempts: list[TaskAttempt]) -> dict[int, str]:
+    """`jupyter_token` of each of the job's attempts, by id, from one query
+    of their logs at most (the job page polls every task's)."""
+    tokens: dict[int, str] = {}
+    from_log = []
+    for attempt in attempts:
+        from_command = token_in_command(role_command(job, attempt.task.role))
         # Jupyter prints a token it was given as "...": the log cannot tell it either.
-        return known_token(from_command) or ""
-    lines = LogLine.objects.filter(attempt=attempt, stream__in=(Stream.STDERR, Stream.STDOUT), text__contains="token=")
-    for text in lines.order_by("-stream", "-seq").values_list("text", flat=True)[:50]:
-        match = _TOKEN_RE.search(text)
+        tokens[attempt.pk] = "" if from_command is None else known_token(from_command) or ""
+        if from_command is None:
+            from_log.append(attempt.pk)
+    if not from_log:
+        return tokens
+    newest = Window(RowNumber(), partition_by=F("attempt_id"), order_by=[F("stream").desc(), F("seq").desc()])
+    lines = (LogLine.objects.filter(attempt_id__in=from_log, stream__in=(Stream.STDERR, Stream.STDOUT),
+                                    text__contains="token=")
+             .annotate(newest=newest).filter(newest__lte=TOKEN_LINES))
+    for attempt_id, text in lines.order_by("attempt_id", "-stream", "-seq").values_list("attempt_id", "text"):
+        match = None if tokens[attempt_id] else _TOKEN_RE.search(text)
         if match:
-            return match.group(1)
-    return ""
+            tokens[attempt_id] = match.group(1)
+    return tokens
 
 
-def jupyter_url(job: Job, attempt: TaskAttempt) -> str:
+def jupyter_url(job: Job, attempt: TaskAttempt, *, token: str | None = None) -> str:
     """One click into the task's Jupyter through the portal's proxy, with
-    its token if known."""
+    its token if known (`token`: the one `jupyter_token` gives, if read already)."""
     ports = attempt.ports.get(JUPYTER_LABEL) or []
     if not ports or attempt.state != TaskState.RUNNING:
         return ""
-    token = jupyter_token(job, attempt)
+    token = jupyter_token(job, attempt) if token is None else token
     return web_port_url(attempt, ports[0], f"/?token={quote(token, safe='')}" if token else "")
 
 
@@ -177,23 +198,30 @@ def terminal_ready(attempt: TaskAttempt) -> bool:
     return attempt.state == TaskState.RUNNING and bool(attempt.container_id)
 
 
-def last_activity(attempt: TaskAttempt) -> datetime | None:
+def last_activity(attempt: TaskAttempt, *, terminal_open: bool | None = None) -> datetime | None:
     """When the task last showed a sign of use: log output (jobs/logs.py),
     or a terminal session opened or closed in it (services/terminals.py); both
-    move last_activity_at forward. A terminal still open is use right now."""
+    move last_activity_at forward. A terminal still open is use right now
+    (`terminal_open`: whether one is, if read already)."""
     moments = [attempt.last_activity_at, attempt.started_at]
-    if attempt.terminal_sessions.filter(ended_at__isnull=True).exists():
+    if terminal_open is None:
+        terminal_open = attempt.terminal_sessions.filter(ended_at__isnull=True).exists()
+    if terminal_open:
         moments.append(timezone.now())
     known = [m for m in moments if m is not None]
     return max(known) if known else None
 
 
-def idle_minutes(attempt: TaskAttempt) -> int | None:
+def _watched_for_idleness(attempt: TaskAttempt) -> bool:
+    return attempt.state == TaskState.RUNNING and JUPYTER_LABEL in attempt.ports
+
+
+def idle_minutes(attempt: TaskAttempt, *, terminal_open: bool | None = None) -> int | None:
     """Minutes without activity of a running task with a Jupyter port, once
     past settings.JUPYTER_IDLE_MINUTES; None otherwise."""
-    if attempt.state != TaskState.RUNNING or JUPYTER_LABEL not in attempt.ports:
+    if not _watched_for_idleness(attempt):
         return None
-    last = last_activity(attempt)
+    last = last_activity(attempt, terminal_open=terminal_open)
     if last is None:
         return None
     idle = timezone.now() - last
@@ -215,21 +243,33 @@ class TaskAccess:
     idle_minutes: int | None
 
 
-def task_access(*, job: Job, attempt: TaskAttempt, user: User) -> TaskAccess:
+def task_access(*, job: Job, attempt: TaskAttempt, user: User, jupyter_token: str | None = None,
+                terminal_open: bool | None = None) -> TaskAccess:
+    """`jupyter_token` and `terminal_open`: what `tasks_access` read of
+    all the job's tasks at once (read here when not given)."""
     is_owner = job.owner_id == user.pk
     key_file = ssh_key_file_name(job)
-    url = jupyter_url(job, attempt)
+    url = jupyter_url(job, attempt, token=jupyter_token)
     return TaskAccess(
         is_owner=is_owner, ssh=ssh_access(attempt, key_file=key_file), key_file=key_file,
         can_open_terminal=terminal_ready(attempt) and (is_owner or user.is_admin),
-        jupyter_url=url, jupyter_has_token="?token=" in unquote(url), idle_minutes=idle_minutes(attempt),
+        jupyter_url=url, jupyter_has_token="?token=" in unquote(url),
+        idle_minutes=idle_minutes(attempt, terminal_open=terminal_open),
     )
 
 
 def tasks_access(*, job: Job, attempts: list[TaskAttempt], user: User) -> dict[int, TaskAccess]:
     """task_access of each active attempt, by attempt id: what the job page's
-    task tables offer (an attempt that has ended offers nothing)."""
-    return {a.pk: task_access(job=job, attempt=a, user=user) for a in attempts if a.is_active}
+    task tables offer (an attempt that has ended offers nothing). The logs
+    and terminals of a job of 1,000 Jupyter tasks are read in two queries,
+    not two per task: the page polls them every few seconds."""
+    active = [a for a in attempts if a.is_active]
+    tokens = jupyter_tokens(job, [a for a in active if a.state == TaskState.RUNNING and a.ports.get(JUPYTER_LABEL)])
+    watched = [a.pk for a in active if _watched_for_idleness(a)]
+    open_terminals = set(TerminalSession.objects.filter(attempt_id__in=watched, ended_at__isnull=True)
+                         .values_list("attempt_id", flat=True)) if watched else set()
+    return {a.pk: task_access(job=job, attempt=a, user=user, jupyter_token=tokens.get(a.pk),
+                              terminal_open=a.pk in open_terminals) for a in active}
 
 
 # ------------------------------------------------------- users' public keys

@@ -144,3 +144,34 @@ def test_jupyter_tasks_tokens_and_terminals_are_read_once_for_all_tasks(alice, n
     assert html.count('class="button jupyter-link"') == 200
     for attempt in current:
         assert f"%3Ftoken%3D{'cd' * 8}{attempt.pk:08x}\"" in html
+
+
+# ------------------------------------------------------------ job status
+
+
+def test_the_status_calls_read_and_link_tasks_at_a_cost_that_does_not_grow_with_them(alice, node, monkeypatch):
+    """Queries, and the URLs built from the routes (each task container's
+    log link: a reverse() per container was a third of a v2 status)."""
+    from jobs.api import http
+
+    reversed_urls: list[str] = []
+
+    def counted(*args, **kwargs) -> str:
+        reversed_urls.append(args[0])
+        return reverse(*args, **kwargs)
+
+    reverse = http.reverse
+    monkeypatch.setattr(http, "reverse", counted)
+    client = api_client(alice)
+    jobs = [big_job(alice, node, tasks=tasks, attempts=3) for tasks in (10, 200)]
+    for path in ("/api/v1/user/{}/jobs/{}", "/api/v2/jobs/{}~{}", "/api/v2/jobs/{}~{}/job-attempts"):
+        counts = []
+        for job in jobs:
+            reversed_urls.clear()
+            counts.append((queries_of(client, path.format(alice.username, job.name)), len(reversed_urls)))
+        assert counts[0] == counts[1], (path, counts)
+    status = client.get(f"/api/v2/jobs/{alice.username}~{jobs[1].name}").json()
+    first = status["jobAttempts"][0]["taskRoles"]["main"]["taskStatuses"][7]
+    assert first["containerLog"] == f"http://testserver/api/v2/jobs/{alice.username}~{jobs[1].name}/tasks/main/7/log?attempt=1"
+    assert status["taskRoles"]["main"]["taskStatuses"][199]["containerLog"] == (
+        f"http://testserver/api/v2/jobs/{alice.username}~{jobs[1].name}/tasks/main/199/log")

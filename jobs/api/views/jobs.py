@@ -9,7 +9,7 @@ anonymous callers, for old tools.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.conf import settings
 from django.db.models import QuerySet
@@ -198,20 +198,35 @@ def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
     return ok(status_body(request, find_job(request, username, name)))
 
 
+def task_log_urls(request: HttpRequest, job: Job) -> Callable[[Task], str]:
+    """The API URL of each of the job's tasks' logs, from one reverse() per
+    task role: a job's v2 status lists 10 attempts of up to 1,000 tasks, and
+    a reverse() per container was a third of its time."""
+    marker = "9876543210"
+    parts: dict[str, tuple[str, str]] = {}
+
+    def url(task: Task) -> str:
+        if task.role not in parts:
+            whole = api_url(request, "task_log", username=job.owner.username, name=job.name, role=task.role, index=marker)
+            head, tail = whole.rsplit(marker, 1)  # the index is the path's last part but "/log"
+            parts[task.role] = (head, tail)
+        head, tail = parts[task.role]
+        return f"{head}{task.index}{tail}"
+
+    return url
+
+
 def status_body(request: HttpRequest, job: Job) -> dict:
     """v1's job status (v2 adds to it): each task's latest container."""
-    username, name = job.owner.username, job.name
     attempts = serializers.latest_attempts(job)
     tasks: dict[str, list[Task]] = {}
     for task in Task.objects.filter(job=job).order_by("index"):
         tasks.setdefault(task.role, []).append(task)
+    log_url = task_log_urls(request, job)
     task_roles = {}
     for role in job.spec.task_roles:
-        statuses = [
-            serializers.task_status(task, attempts.get(task.pk), api_url(
-                request, "task_log", username=username, name=name, role=role.name, index=task.index))
-            for task in tasks.get(role.name, [])
-        ]
+        statuses = [serializers.task_status(task, attempts.get(task.pk), log_url(task))
+                    for task in tasks.get(role.name, [])]
         task_roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
     # Attempts are numbered from 1: a job on its first has none before it.
     retried = [] if job.attempt_number <= 1 else list(

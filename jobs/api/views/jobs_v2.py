@@ -121,14 +121,13 @@ def _attempt_bodies(request: HttpRequest, job: Job, attempts: list[JobAttempt]) 
         attempt.pk: {role.name: [] for role in job.spec.task_roles} for attempt in attempts}
     task_attempts = (TaskAttempt.objects.filter(job_attempt__in=[attempt.pk for attempt in attempts])
                      .select_related("task").order_by("number", "task__index"))
+    log_url = v1.task_log_urls(request, job)
     for task_attempt in task_attempts:
         task = task_attempt.task
         # Pinned to this attempt: the log endpoint's default is the task's
         # latest, which an earlier attempt's containerLog must not lead to.
-        log_url = api_url(request, "task_log", username=job.owner.username, name=job.name, role=task.role,
-                          index=task.index) + f"?attempt={task_attempt.number}"
         by_attempt[task_attempt.job_attempt_id].setdefault(task.role, []).append(
-            serializers.task_status(task, task_attempt, log_url))
+            serializers.task_status(task, task_attempt, f"{log_url(task)}?attempt={task_attempt.number}"))
     return [_attempt_body(job, attempt, by_attempt[attempt.pk]) for attempt in attempts]
 
 

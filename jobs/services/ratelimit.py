@@ -29,6 +29,7 @@ import functools
 import hashlib
 import logging
 import time
+import unicodedata
 from collections.abc import Callable
 
 from django.conf import settings
@@ -72,7 +73,10 @@ def _keys(kind: str, value: str) -> tuple[str, str]:
 
 
 def _name(username: str) -> str:
-    return username.strip().lower()
+    # NFKC as the login forms' UsernameField does before it looks the user
+    # up: "ａｄｍｉｎ" signs in as "admin", so it must count as "admin", not
+    # open a fresh allowance per spelling.
+    return unicodedata.normalize("NFKC", username).strip().lower()
 
 
 def _pair(username: str, address: str) -> str:

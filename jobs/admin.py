@@ -7,12 +7,14 @@ from collections.abc import Callable
 from django import forms
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.views import PasswordChangeView
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 
 from jobs import services
 from jobs.ids import parse_id
-from jobs.login_forms import RateLimitedAdminLoginForm
+from jobs.login_forms import RateLimitedAdminLoginForm, RateLimitedAdminPasswordChangeForm
 from jobs.models import (
     GPUS_EXAMPLE,
     ApiToken,
@@ -48,13 +50,22 @@ def _revoking_tokens_on_password_change(user_id: int | None, view: Callable[[], 
     return response
 
 
-_site_password_change = admin.site.password_change
+class _OwnPasswordChangeView(PasswordChangeView):
+    form_class = RateLimitedAdminPasswordChangeForm
+
+    def get_form_kwargs(self) -> dict:
+        return {**super().get_form_kwargs(), "request": self.request}
 
 
 def _own_password_change(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
-    """The admin site's own page where any staff user changes their password."""
-    return _revoking_tokens_on_password_change(request.user.pk,
-                                               lambda: _site_password_change(request, extra_context))
+    """The admin site's own page where any staff user changes their password
+    (AdminSite.password_change, with the old password under the failed-login
+    limit)."""
+    request.current_app = admin.site.name
+    view = _OwnPasswordChangeView.as_view(
+        success_url=reverse("admin:password_change_done", current_app=admin.site.name),
+        extra_context={**admin.site.each_context(request), **(extra_context or {})})
+    return _revoking_tokens_on_password_change(request.user.pk, lambda: view(request))
 
 
 # Read when the admin's URLs are built (portal/urls.py), after this module.

@@ -27,6 +27,13 @@ class UserError(Exception):
         self.status = status
 
 
+class CurrentPasswordWrong(UserError):
+    """oldPassword is not the user's password: a failed login to count."""
+
+    def __init__(self) -> None:
+        super().__init__("ForbiddenUserError", "oldPassword is not your current password.")
+
+
 def _check_password(password: str, user: User) -> None:
     try:
         validate_password(password, user)
@@ -93,7 +100,7 @@ def user_change_password(*, user: User, password: str, by: User, current_passwor
         if current_password is None:
             raise UserError("InvalidParametersError", "oldPassword is required to change your own password.")
         if not user.check_password(current_password):
-            raise UserError("ForbiddenUserError", "oldPassword is not your current password.")
+            raise CurrentPasswordWrong()
     _check_password(password, user)
     with transaction.atomic():
         # Under the lock token_create takes: a token is either made before

@@ -33,3 +33,65 @@ def test_it_counts_a_username_the_form_normalizes_as_that_username(path, admin_u
         assert THROTTLED in response.content.decode()
     finally:
         ratelimit.login_reset(username=admin_user.username, address=address)
+
+
+def test_it_counts_wrong_current_passwords_on_put_user_as_failed_logins(alice, settings):
+    """PUT /api/v1/user asks for oldPassword so that a stolen token alone
+    cannot take the account over; unthrottled, it was a way to guess that
+    password without end, around the failed-login limit."""
+    import json
+    from datetime import timedelta
+
+    from jobs.services import tokens
+
+    settings.LOGIN_FAILURES_ALLOWED = 2
+    address = "198.51.100.72"
+    ratelimit.login_reset(username=alice.username, address=address)
+    key = tokens.token_create(user=alice, lifetime=timedelta(hours=1)).key
+    client = Client(REMOTE_ADDR=address, HTTP_AUTHORIZATION=f"Bearer {key}")
+
+    def change(old: str):
+        body = {"username": alice.username, "password": "a-New-long-pass-phrase-9", "modify": True,
+                "oldPassword": old}
+        return client.put("/api/v1/user", data=json.dumps(body), content_type="application/json")
+
+    try:
+        for guess in ("guess-1", "guess-2"):
+            assert change(guess).status_code == 403
+        throttled = change(alice.test_password)
+        assert throttled.status_code == 429, throttled.content
+        assert "Retry-After" in throttled
+        alice.refresh_from_db()
+        assert alice.check_password(alice.test_password)
+        login = Client(REMOTE_ADDR=address).post("/api/v1/token", data=json.dumps(
+            {"username": alice.username, "password": alice.test_password}), content_type="application/json")
+        assert login.status_code == 429  # one limit for every way a password is tried
+    finally:
+        ratelimit.login_reset(username=alice.username, address=address)
+
+
+def test_it_counts_wrong_old_passwords_on_the_django_admins_password_page(make_user, settings):
+    """/admin/password_change/ checks the old password too: unthrottled, a
+    staff user's stolen session guessed it there without end."""
+    from jobs.models import User
+
+    settings.LOGIN_FAILURES_ALLOWED = 2
+    address = "198.51.100.73"
+    staff = make_user("staffpw")
+    User.objects.filter(pk=staff.pk).update(is_staff=True)
+    ratelimit.login_reset(username=staff.username, address=address)
+    client = Client(REMOTE_ADDR=address)
+    client.force_login(User.objects.get(pk=staff.pk))
+
+    def change(old: str):
+        return client.post("/admin/password_change/", {"old_password": old, "new_password1": "New-pass-for-review-2",
+                                                        "new_password2": "New-pass-for-review-2"})
+
+    try:
+        for guess in ("guess-1", "guess-2"):
+            assert change(guess).status_code == 200
+        response = change(staff.test_password)
+        assert response.status_code == 200 and THROTTLED in response.content.decode()
+        assert User.objects.get(pk=staff.pk).check_password(staff.test_password)
+    finally:
+        ratelimit.login_reset(username=staff.username, address=address)

@@ -6,7 +6,9 @@ from collections.abc import Callable
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.models import Group
 from django.contrib.auth.views import PasswordChangeView
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -72,9 +74,37 @@ def _own_password_change(request: HttpRequest, extra_context: dict | None = None
 admin.site.password_change = _own_password_change  # type: ignore[method-assign]
 
 
+# Who holds rights is for portal admins to say. Django lets whoever may
+# change users tick these, their own included, and set anyone's password:
+# a staff user given "change user" (to edit e-mails, deactivate accounts)
+# made themselves a superuser, or signed in as one. Staff is no portal
+# right (SECURITY.md, finding 13).
+PRIVILEGE_FIELDS = ("is_staff", "is_superuser", "groups", "user_permissions")
+
+
+def _holds_rights(user: User) -> bool:
+    return user.is_staff or user.is_superuser or user.is_admin
+
+
 @admin.register(User)
 class UserAdmin(BaseUserAdmin):
     list_display = ("username", "email", "is_staff", "is_active", "last_login")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: User | None = None) -> tuple[str, ...]:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if request.user.is_admin else fields + PRIVILEGE_FIELDS
+
+    def has_change_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        """Only portal admins change (or reset the password of) another user
+        who holds rights; anyone may keep their own row's other fields."""
+        if obj is not None and obj.pk != request.user.pk and _holds_rights(obj) and not request.user.is_admin:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        if obj is not None and _holds_rights(obj) and not request.user.is_admin:
+            return False
+        return super().has_delete_permission(request, obj)
 
     def user_change_password(self, request: HttpRequest, id: str, form_url: str = ""):  # noqa: A002 (Django's name)
         """An admin's reset of a password revokes the user's API tokens."""
@@ -95,6 +125,18 @@ class UserAdmin(BaseUserAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
         for user in queryset:
             users.user_delete_unless_busy(user=user)
+
+
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class GroupAdmin(BaseGroupAdmin):
+    """A group's permissions are its members' rights: portal admins' to give."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Group | None = None) -> tuple[str, ...]:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if request.user.is_admin else fields + ("permissions",)
 
 
 @admin.register(VirtualCluster)

@@ -95,3 +95,95 @@ def test_it_counts_wrong_old_passwords_on_the_django_admins_password_page(make_u
         assert User.objects.get(pk=staff.pk).check_password(staff.test_password)
     finally:
         ratelimit.login_reset(username=staff.username, address=address)
+
+
+def _staff_with(make_user, *codenames: str):
+    from django.contrib.auth.models import Permission
+
+    from jobs.models import User
+
+    staff = make_user("helpdesk")
+    User.objects.filter(pk=staff.pk).update(is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(User.objects.get(pk=staff.pk))
+    return User.objects.get(pk=staff.pk), client
+
+
+def _change_form_data(client: Client, user) -> dict:
+    page = client.get(f"/admin/jobs/user/{user.pk}/change/")
+    assert page.status_code == 200
+    form = page.context["adminform"].form
+    data = {name: value for name, value in form.initial.items() if value is not None and name in form.fields
+            and name not in ("password", "groups", "user_permissions", "last_login", "date_joined",
+                             "is_active", "is_staff", "is_superuser")}
+    data.update({"date_joined_0": "2024-01-01", "date_joined_1": "00:00:00", "is_active": "on", "is_staff": "on"})
+    return data
+
+
+def test_a_staff_user_who_may_change_users_cannot_make_themselves_an_admin(make_user):
+    """Staff is no portal right (finding 13), but Django's user page lets
+    whoever may change users tick their own superuser box or give
+    themselves jobs.administer_portal."""
+    from django.contrib.auth.models import Permission
+
+    from jobs.models import User
+
+    staff, client = _staff_with(make_user, "view_user", "change_user")
+    admin_right = Permission.objects.get(codename="administer_portal")
+    data = {**_change_form_data(client, staff), "is_superuser": "on", "user_permissions": [admin_right.pk]}
+    client.post(f"/admin/jobs/user/{staff.pk}/change/", data)
+    staff = User.objects.get(pk=staff.pk)
+    assert not staff.is_superuser and not staff.is_admin
+
+
+def test_a_staff_user_who_may_change_users_cannot_take_over_an_admin(make_user, admin_user):
+    """... nor set a superuser's password, and sign in as them."""
+    from jobs.models import User
+
+    staff, client = _staff_with(make_user, "view_user", "change_user")
+    before = User.objects.get(pk=admin_user.pk).password
+    response = client.post(f"/admin/jobs/user/{admin_user.pk}/password/", {
+        "password1": "Taken-over-pass-9", "password2": "Taken-over-pass-9", "usable_password": "true"})
+    assert response.status_code == 403
+    assert User.objects.get(pk=admin_user.pk).password == before
+
+
+def test_a_staff_user_who_may_change_users_still_changes_plain_users(make_user, alice):
+    from jobs.models import User
+
+    staff, client = _staff_with(make_user, "view_user", "change_user")
+    data = {**_change_form_data(client, alice), "email": "alice@example.org"}
+    data.pop("is_staff")
+    response = client.post(f"/admin/jobs/user/{alice.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    alice = User.objects.get(pk=alice.pk)
+    assert alice.email == "alice@example.org" and not alice.is_staff
+
+
+def test_a_staff_user_who_may_change_groups_cannot_give_their_group_the_admin_right(make_user):
+    from django.contrib.auth.models import Group, Permission
+
+    from jobs.models import User
+
+    staff, client = _staff_with(make_user, "view_group", "change_group")
+    group = Group.objects.create(name=f"helpers-of-{staff.username}")
+    staff.groups.add(group)
+    admin_right = Permission.objects.get(codename="administer_portal")
+    client.post(f"/admin/auth/group/{group.pk}/change/", {"name": group.name, "permissions": [admin_right.pk]})
+    assert not group.permissions.exists()
+    assert not User.objects.get(pk=staff.pk).is_admin
+    group.delete()
+
+
+def test_a_portal_admin_still_gives_rights_in_the_django_admin(make_user, admin_user, alice):
+    from django.contrib.auth.models import Permission
+
+    from jobs.models import User
+
+    client = Client()
+    client.force_login(admin_user)
+    admin_right = Permission.objects.get(codename="administer_portal")
+    data = {**_change_form_data(client, alice), "user_permissions": [admin_right.pk]}
+    assert client.post(f"/admin/jobs/user/{alice.pk}/change/", data).status_code == 302
+    assert User.objects.get(pk=alice.pk).is_admin

@@ -1,5 +1,8 @@
-"""Review of authentication and sessions: logins, tokens, sessions, the
-Django admin for staff, as a hostile user would try them."""
+"""Findings 22-24: ways around the failed-login limit (a username spelled
+another way the login forms read as the same; the current password asked
+by a password change, guessed with a stolen token or session), and a staff
+user who may change users or groups giving themselves a portal admin's
+rights or taking over an admin in the Django admin."""
 
 from __future__ import annotations
 

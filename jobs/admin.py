@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 from django import forms
 from django.contrib import admin
@@ -15,7 +14,6 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
 from jobs import services
-from jobs.ids import parse_id
 from jobs.login_forms import RateLimitedAdminLoginForm, RateLimitedAdminPasswordChangeForm
 from jobs.models import (
     GPUS_EXAMPLE,
@@ -40,18 +38,6 @@ from jobs.services.nodes import node_active_tasks, node_address_clash, node_dele
 admin.site.login_form = RateLimitedAdminLoginForm
 
 
-def _revoking_tokens_on_password_change(user_id: int | None, view: Callable[[], HttpResponse]) -> HttpResponse:
-    """Run `view`; if it changed the user's password, revoke their API
-    tokens, as a change through the API does: a change or a reset is what
-    follows a stolen password."""
-    before = User.objects.filter(pk=user_id).values_list("password", flat=True).first()
-    response = view()
-    user = User.objects.filter(pk=user_id).first()
-    if user is not None and before is not None and user.password != before:
-        tokens.tokens_revoke_all(user=user)
-    return response
-
-
 class _OwnPasswordChangeView(PasswordChangeView):
     form_class = RateLimitedAdminPasswordChangeForm
 
@@ -67,7 +53,7 @@ def _own_password_change(request: HttpRequest, extra_context: dict | None = None
     view = _OwnPasswordChangeView.as_view(
         success_url=reverse("admin:password_change_done", current_app=admin.site.name),
         extra_context={**admin.site.each_context(request), **(extra_context or {})})
-    return _revoking_tokens_on_password_change(request.user.pk, lambda: view(request))
+    return view(request)  # the tokens go as the password is saved (jobs/signals.py)
 
 
 # Read when the admin's URLs are built (portal/urls.py), after this module.
@@ -105,11 +91,6 @@ class UserAdmin(BaseUserAdmin):
         if obj is not None and _holds_rights(obj) and not request.user.is_admin:
             return False
         return super().has_delete_permission(request, obj)
-
-    def user_change_password(self, request: HttpRequest, id: str, form_url: str = ""):  # noqa: A002 (Django's name)
-        """An admin's reset of a password revokes the user's API tokens."""
-        return _revoking_tokens_on_password_change(
-            parse_id(id), lambda: super(UserAdmin, self).user_change_password(request, id, form_url))
 
     def get_deleted_objects(self, objs, request: HttpRequest):
         """A user with unfinished jobs is shown as protected by them, so the

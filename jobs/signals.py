@@ -16,7 +16,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
 from jobs.models import ApiToken, User, UserLimit, VirtualCluster
-from jobs.services import permissions_memo
+from jobs.services import permissions_memo, tokens
 
 # A login writes last_login; nothing remembered depends on it, and a login
 # must not make every process ask the database again.
@@ -32,6 +32,19 @@ def _saved(sender: type, created: bool, update_fields: frozenset[str] | None, **
     if created or (update_fields is not None and update_fields <= _IRRELEVANT_UPDATES):
         return
     permissions_memo.permissions_changed()
+
+
+@receiver(post_save, sender=User)
+def _password_changed(sender: type, instance: User, created: bool, **kwargs: Any) -> None:
+    """Every way a password changes (the API, the Django admin's pages,
+    Django's own `manage.py changepassword`, a shell) revokes the user's API
+    tokens: a change or a reset is what follows a stolen password. A change
+    through the API keeps the token it was made with (`keep_token_key`).
+    set_password leaves the new password on the instance until save() has
+    sent this signal."""
+    if created or getattr(instance, "_password", None) is None:
+        return
+    tokens.tokens_revoke_all(user=instance, keep_key=getattr(instance, "keep_token_key", None))
 
 
 @receiver(post_delete, sender=User)

@@ -4,6 +4,7 @@ own rules refuse. Through Django's test client, on the test database."""
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 
 import pytest
@@ -71,6 +72,27 @@ def test_a_password_changed_on_the_django_admins_own_page_revokes_the_users_toke
         "new_password2": "New-pass-for-review-2"})
     assert response.status_code == 302, response.content.decode()[:2000]
     assert Client().get(f"/api/v1/user/{staff.username}", **bearer).status_code == 401
+
+
+def test_djangos_own_changepassword_command_revokes_the_users_tokens(make_user, monkeypatch):
+    """SECURITY.md: a password change revokes the user's tokens. Django's
+    `manage.py changepassword` (its own command, not ours) left them
+    working, for up to a year."""
+    from datetime import timedelta
+
+    from django.contrib.auth.management.commands import changepassword
+    from django.core.management import call_command
+
+    from jobs.services import tokens
+
+    user = make_user("changer", password="Old-pass-for-review-1")
+    key = tokens.token_create(user=user, lifetime=timedelta(hours=1)).key
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    assert Client().get(f"/api/v1/user/{user.username}", **bearer).status_code == 200
+    monkeypatch.setattr(changepassword.getpass, "getpass", lambda prompt="": "New-pass-for-review-2")
+    call_command("changepassword", user.username, stdout=io.StringIO())
+    assert User.objects.get(pk=user.pk).check_password("New-pass-for-review-2")
+    assert Client().get(f"/api/v1/user/{user.username}", **bearer).status_code == 401
 
 
 def test_the_django_admin_neither_deletes_nor_renames_the_default_virtual_cluster(admin_user):

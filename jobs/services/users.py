@@ -13,7 +13,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from jobs.models import ACTIVE_TASK_STATES, FINAL_STATES, Job, TaskAttempt, User, VirtualCluster, lock_user_row
-from jobs.services import tokens
 
 
 class UserError(Exception):
@@ -108,8 +107,8 @@ def user_change_password(*, user: User, password: str, by: User, current_passwor
         # with is no longer the user's).
         lock_user_row(user.pk)
         user.set_password(password)
+        user.keep_token_key = keep_token_key  # the rest are revoked as it is saved (jobs/signals.py)
         user.save(update_fields=["password"])
-        tokens.tokens_revoke_all(user=user, keep_key=keep_token_key)
     return user
 
 

@@ -79,7 +79,7 @@ def test_a_share_typed_to_a_hundredth_of_a_percent_holds_whole_gpus():
     quotas = _quotas([node], {}, [("default", 0.0), ("a", 33.33), ("b", 33.33), ("c", 33.34)], [])
     assert [quotas[name].gpus["K80"] for name in ("a", "b", "c")] == [1.0, 1.0, 1.0]
     assert [quotas[name].cpus for name in ("a", "b", "c")] == [1.0, 1.0, 1.0]
-    assert quotas["a"].memory_mb == 1000.0
+    assert quotas["a"].memory_mb == pytest.approx(999.9)  # MB are no whole units to round to
     request = scheduler.JobRequest(id=7, vc="a", gpu_type="K80", roles=(
         scheduler.RoleRequest(name="main", task_number=1, cpus=1, memory_mb=500, gpus=1),))
     assert scheduler.never_fits(request, [node], quotas["a"]) is None

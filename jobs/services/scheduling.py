@@ -218,9 +218,9 @@ def quotas(states: list[scheduler.NodeState]) -> dict[str, scheduler.Quota]:
     return _quotas(states, used, VirtualCluster.objects.values_list("name", "capacity"), gpu_rows)
 
 
-# Shares are typed in percent to a hundredth: a quota within that of a whole
-# unit is that unit. Three virtual clusters of 33.33% on three GPUs each hold
-# one GPU, not 0.9999 of one that no one-GPU job could ever fit.
+# Shares are typed in percent to a hundredth: a quota of GPUs or CPUs within
+# that of a whole unit is that unit. Three virtual clusters of 33.33% on three
+# GPUs each hold one GPU, not 0.9999 of one that no one-GPU job could ever fit.
 SHARE_PRECISION = 0.0001
 
 
@@ -248,7 +248,7 @@ def _quotas(states: list[scheduler.NodeState], used: dict[str, tuple[int, int]],
         share /= 100.0
         result[name] = scheduler.Quota(
             cpus=_whole_if_close(total_cpus * share, total_cpus),
-            memory_mb=_whole_if_close(total_memory * share, total_memory),
+            memory_mb=total_memory * share,  # in MB: a hundredth of a percent of it is no whole unit
             gpus={kind: _whole_if_close(count * share, count) for kind, count in total_gpus.items()},
         )
     for name, (cpus, memory) in used.items():

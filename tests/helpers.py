@@ -6,7 +6,8 @@ import contextlib
 import functools
 import json
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,18 @@ def log_writes_locked() -> Iterator[None]:
                 cursor.execute(f"LOCK TABLE {LogLine._meta.db_table} IN SHARE ROW EXCLUSIVE MODE")
         yield
         transaction.set_rollback(True)
+
+
+def settled(read: Callable[[], int], *, quiet: float = 1.0, timeout: float = 60.0) -> int:
+    """`read()` once it has not changed for `quiet` seconds (a count that
+    stops growing: what was read off a stream nobody drains)."""
+    last, since = read(), time.monotonic()
+    deadline = since + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    raise AssertionError(f"still changing after {timeout} s: {last}")

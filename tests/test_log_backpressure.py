@@ -12,6 +12,7 @@ its lines come while the database is away.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -29,7 +30,7 @@ from jobs.node.agent import NodeAgent
 from jobs.node.context import NodeContext
 from jobs.node.launcher.docker import DockerEngine
 from tests.cluster import wait_for
-from tests.helpers import BUSYBOX_IMAGE, log_writes_locked, rows_only_attempt
+from tests.helpers import BUSYBOX_IMAGE, log_writes_locked, rows_only_attempt, settled
 
 pytestmark = pytest.mark.services
 BOUND = 256 * 1024  # LOG_WRITER_QUEUE_BYTES here
@@ -118,20 +119,6 @@ def held(agent: NodeAgent) -> int:
     return agent.writer._held
 
 
-def stalled(read: Callable[[], int], *, quiet: float = 1.0, timeout: float = 60.0) -> int:
-    """`read()` once it has not changed for `quiet` seconds."""
-    last, since = read(), time.monotonic()
-    deadline = since + timeout
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return now
-    raise AssertionError(f"still changing after {timeout} s: {last}")
-
-
 def stored_lines(attempt: TaskAttempt) -> list[tuple[int, str]]:
     return list(LogLine.objects.filter(attempt=attempt, stream=Stream.STDOUT).order_by("seq")
                 .values_list("seq", "text"))
@@ -167,18 +154,27 @@ def following(agent: NodeAgent, attempt: TaskAttempt, container_id: str) -> None
     wait_for(lambda: agent.follower.following == 1, what="the container's logs to be followed")
 
 
-# -------------------------------------------------------------------- tests
-
-
-def test_the_agent_holds_no_more_than_its_writer_may_while_the_database_is_away(start_agent, engine, attempt):
-    agent = start_agent()
+@contextlib.contextmanager
+def database_away_writer_full(agent: NodeAgent, engine: DockerEngine, attempt: TaskAttempt) -> Iterator[str]:
+    """A printing container of `attempt`'s, followed by `agent`, whose lines
+    have filled the agent's log writer while the database is away (the
+    block runs so); the container's id."""
     container = printer(engine)
     following(agent, attempt, container)
     with log_writes_locked():
         go(engine, container)
         wait_for(lambda: full(agent), what="the log writer to be full")
+        yield container
+
+
+# -------------------------------------------------------------------- tests
+
+
+def test_the_agent_holds_no_more_than_its_writer_may_while_the_database_is_away(start_agent, engine, attempt):
+    agent = start_agent()
+    with database_away_writer_full(agent, engine, attempt):
         # The bound and one read past it; not the 4 MB the task printed.
-        assert stalled(lambda: held(agent)) < 2 * BOUND
+        assert settled(lambda: held(agent)) < 2 * BOUND
         assert not LogLine.objects.filter(attempt=attempt).exists()
     assert_stored_once_in_order(attempt)
     assert held(agent) == 0
@@ -186,11 +182,7 @@ def test_the_agent_holds_no_more_than_its_writer_may_while_the_database_is_away(
 
 def test_notes_barriers_and_timers_go_on_while_the_writer_is_full(start_agent, engine, attempt):
     agent = start_agent()
-    container = printer(engine)
-    following(agent, attempt, container)
-    with log_writes_locked():
-        go(engine, container)
-        wait_for(lambda: full(agent), what="the log writer to be full")
+    with database_away_writer_full(agent, engine, attempt):
         # A launch's notes from other threads are taken at once ...
         senders = [threading.Thread(target=lambda n=n: [agent.writer.note(attempt.pk, f"t{n} {i}") for i in range(20)])
                    for n in range(3)]
@@ -219,11 +211,7 @@ def test_notes_barriers_and_timers_go_on_while_the_writer_is_full(start_agent, e
 def test_a_container_that_ends_while_the_writer_is_full_is_recorded_once_its_lines_are_stored(
         start_agent, engine, attempt):
     agent = start_agent()
-    container = printer(engine)
-    following(agent, attempt, container)
-    with log_writes_locked():
-        go(engine, container)
-        wait_for(lambda: full(agent), what="the log writer to be full")
+    with database_away_writer_full(agent, engine, attempt) as container:
         wait_for(lambda: not engine.state(container).running, timeout=60, what="the container to end")
         time.sleep(0.5)
         assert TaskAttempt.objects.get(pk=attempt.pk).state == TaskState.RUNNING
@@ -236,11 +224,7 @@ def test_a_container_that_ends_while_the_writer_is_full_is_recorded_once_its_lin
 def test_an_agent_stopped_while_its_follower_waits_for_room_leaves_the_rest_to_the_next_agent(
         start_agent, engine, attempt):
     first = start_agent()
-    container = printer(engine)
-    following(first, attempt, container)
-    with log_writes_locked():
-        go(engine, container)
-        wait_for(lambda: full(first), what="the log writer to be full")
+    with database_away_writer_full(first, engine, attempt) as container:
         began = time.monotonic()
         first.follower.stop()  # as the agent's shutdown does, before the writer's
         assert time.monotonic() - began < 2, "the follower's loop was stuck waiting for room"

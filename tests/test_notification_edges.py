@@ -5,8 +5,6 @@ tests/settings.py) and a real SMTP server (tests/test_notifications.py's)."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from datetime import timedelta
 
@@ -17,47 +15,19 @@ from jobs import queues, services, webhooks
 from jobs.models import NotificationDelivery, State
 from jobs.services import notifications
 from tests.cluster import free_port
+from tests.raw_http import RawHttpServer
 from tests.test_notifications import SECRET, drain, receiver, smtp, waiting_job, with_email  # noqa: F401  (fixtures)
 
 Status = NotificationDelivery.Status
 
 
-class RawReceiver:
-    """A receiver on 127.0.0.1 that reads a request and answers `answer`,
-    byte for byte, whatever it is."""
-
-    def __init__(self, answer: bytes) -> None:
-        self.answer = answer
-        self.requests: list[bytes] = []
-        self.server = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                data = b""
-                try:
-                    while b"\r\n\r\n" not in data:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        data += chunk
-                    self.requests.append(data)
-                    conn.sendall(self.answer)
-                except OSError:
-                    pass
+class RawReceiver(RawHttpServer):
+    """A webhook receiver on 127.0.0.1 that answers `answer`, byte for byte,
+    whatever it is."""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.getsockname()[1]}/hook"
-
-    def close(self) -> None:
-        self.server.close()
+        return f"http://127.0.0.1:{self.port}/hook"
 
 
 @pytest.fixture

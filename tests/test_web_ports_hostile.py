@@ -25,7 +25,8 @@ from websockets.sync.client import connect as ws_connect
 
 from jobs.models import Node, TaskAttempt, TaskState
 from tests.cluster import wait_for
-from tests.helpers import rows_only_attempt
+from tests.helpers import rows_only_attempt, settled
+from tests.raw_http import RawHttpServer
 
 ENGINE_SCHEME = "termreview"
 
@@ -79,44 +80,14 @@ def _session_cookie(user) -> str:
 # ------------------------------------------------------------ web ports
 
 
-class JobApp:
+class JobApp(RawHttpServer):
     """A task's web port: on the node's web-port address, answering each
     connection with what `answer` makes of the request's bytes."""
 
     def __init__(self, answer: Callable[[bytes], bytes]) -> None:
         from django.conf import settings
 
-        self.answer = answer
-        self.requests: list[bytes] = []
-        self.sock = socket.create_server((settings.NODE_WEB_PORT_ADDRESS, 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(10)
-            data = b""
-            try:
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                self.requests.append(data)
-                conn.sendall(self.answer(data))
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
+        super().__init__(answer, address=settings.NODE_WEB_PORT_ADDRESS)
 
 
 @dataclass
@@ -261,20 +232,6 @@ class JobWebSocketApp:
         self.server.shutdown()
 
 
-def _settled(read: Callable[[], int], *, quiet: float = 1.5, timeout: float = 30) -> int:
-    """`read()` once it has not changed for `quiet` seconds."""
-    deadline = time.monotonic() + timeout
-    last, since = read(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return now
-    return last
-
-
 def test_it_holds_few_of_a_jobs_websocket_messages_for_a_browser_that_reads_none(portal, node, alice):
     """The proxy reads the job's messages only as the browser takes them:
     a browser that takes none must not make the portal hold many (each may
@@ -297,7 +254,7 @@ def test_it_holds_few_of_a_jobs_websocket_messages_for_a_browser_that_reads_none
                             "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                             "Sec-WebSocket-Version: 13\r\n\r\n".encode())
             assert browser.recv(12) == b"HTTP/1.1 101"
-            sent = _settled(lambda: app.sent)  # and the browser reads nothing more
+            sent = settled(lambda: app.sent, quiet=1.5, timeout=30)  # and the browser reads nothing more
             # What the kernel's socket buffers take on three hops (a few
             # messages), one being sent and one or two read ahead in the
             # proxy: not 16 more (it held 21-22 before).

@@ -211,3 +211,11 @@ def settled(read: Callable[[], int], *, quiet: float = 1.0, timeout: float = 60.
         elif time.monotonic() - since >= quiet:
             return now
     raise AssertionError(f"still changing after {timeout} s: {last}")
+
+
+def admin_delete(client, model: str, pk: int, how: str):
+    """Delete row `pk` of `model` ("jobs/node") in the Django admin, from its
+    delete page or by the list's bulk action ("delete page" or not)."""
+    if how == "delete page":
+        return client.post(f"/admin/{model}/{pk}/delete/", {"post": "yes"})
+    return client.post(f"/admin/{model}/", {"action": "delete_selected", "_selected_action": [pk], "post": "yes"})

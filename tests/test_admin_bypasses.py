@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from jobs.models import Job, User
 from jobs.services import tokens
-from tests.helpers import config, role, submit
+from tests.helpers import admin_delete, config, role, submit
 
 
 def _admin_client(user: User) -> Client:
@@ -34,11 +34,7 @@ def test_the_django_admin_keeps_a_user_with_unfinished_jobs(admin_user, alice, h
     the Django admin must too, and say why."""
     job = _parked(alice, "still-waiting")
     client = _admin_client(admin_user)
-    if how == "delete page":
-        response = client.post(f"/admin/jobs/user/{alice.pk}/delete/", {"post": "yes"})
-    else:
-        response = client.post("/admin/jobs/user/", {"action": "delete_selected", "_selected_action": [alice.pk],
-                                                      "post": "yes"})
+    response = admin_delete(client, "jobs/user", alice.pk, how)
     assert response.status_code == 200, response.status_code
     assert str(job) in response.content.decode()
     assert User.objects.filter(pk=alice.pk).exists()

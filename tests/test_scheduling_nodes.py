@@ -14,6 +14,7 @@ from django.test import Client
 from jobs.models import ACTIVE_TASK_STATES, ExitType, GpuAllocation, Node, TaskAttempt
 from jobs.services import nodes as node_services
 from jobs.services import scheduling
+from tests.helpers import admin_delete
 from tests.test_lifecycle import exit_, gpu_job, node, start  # noqa: F401  (node: a fixture)
 
 pytestmark = pytest.mark.services
@@ -55,11 +56,7 @@ def test_the_django_admin_keeps_a_node_whose_tasks_still_run(alice, admin_user, 
     task = start(gpu_job(alice, node))["main-0"]
     client = Client()
     client.force_login(admin_user)
-    if how == "delete page":
-        response = client.post(f"/admin/jobs/node/{node.pk}/delete/", {"post": "yes"})
-    else:
-        response = client.post("/admin/jobs/node/", {"action": "delete_selected", "_selected_action": [node.pk],
-                                                      "post": "yes"})
+    response = admin_delete(client, "jobs/node", node.pk, how)
     assert response.status_code == 200, response.status_code
     assert Node.objects.filter(pk=node.pk).exists()
     assert GpuAllocation.objects.filter(node=node).count() == 1

@@ -111,14 +111,8 @@ class LocalBackend(Backend):
 
     def list(self, path: str) -> list[Entry]:
         real = self._real(path)
-        try:
+        with _folder_errors(path):
             names = sorted(os.listdir(real))
-        except FileNotFoundError:
-            raise StorageNotFound(f"{path} does not exist") from None
-        except NotADirectoryError:
-            raise StorageError(f"{path} is a file; expected a folder") from None
-        except OSError as exc:
-            raise _error(path, exc) from None
         entries = (self._entry(join(path, name), real / name) for name in names if not name.startswith(PARTIAL_PREFIX))
         return [entry for entry in entries if entry is not None]
 
@@ -127,21 +121,10 @@ class LocalBackend(Backend):
         """Read as a stream (os.scandir): a folder of a million files holds
         only the window's names in memory, and only they are stat'ed."""
         real = self._real(path)
-        try:
-            scanner = os.scandir(real)
-        except FileNotFoundError:
-            raise StorageNotFound(f"{path} does not exist") from None
-        except NotADirectoryError:
-            raise StorageError(f"{path} is a file; expected a folder") from None
-        except OSError as exc:
-            raise _error(path, exc) from None
-        with scanner:
+        with _folder_errors(path), os.scandir(real) as scanner:
             keyed = ((listing_key(item.name, is_dir), item.name) for item, is_dir in _plain_entries(scanner)
                      if not item.name.startswith(PARTIAL_PREFIX) and keep(join(path, item.name)))
-            try:
-                chosen, total, start = window_of(keyed, after=after, before=before, limit=limit)
-            except OSError as exc:
-                raise _error(path, exc) from None
+            chosen, total, start = window_of(keyed, after=after, before=before, limit=limit)
         entries = (self._entry(join(path, name), real / name) for _, name in chosen)  # type: ignore[misc]
         return Window([entry for entry in entries if entry is not None], total, start)  # removed meanwhile: left out
 
@@ -281,6 +264,19 @@ class LocalBackend(Backend):
                 raise StorageError(f"{path} is not empty") from None
             raise _error(path, exc) from None
         return True
+
+
+@contextmanager
+def _folder_errors(path: str) -> Iterator[None]:
+    """Reading the folder `path`: OS errors as storage errors."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise StorageNotFound(f"{path} does not exist") from None
+    except NotADirectoryError:
+        raise StorageError(f"{path} is a file; expected a folder") from None
+    except OSError as exc:
+        raise _error(path, exc) from None
 
 
 def _plain_entries(scanner: Iterator[os.DirEntry]) -> Iterator[tuple[os.DirEntry, bool]]:

@@ -432,10 +432,11 @@ def _paths() -> dict[str, Schema]:
                                                      {"type": "array", "items": ref("User")}), **errors(401, 403)},
                              tag="users"),
             "put": operation("Create or change a user", {**answer(201, "Done.", message),
-                                                        **errors(400, 401, 403, 404, 409, 413)},
+                                                        **errors(400, 401, 403, 404, 409, 413, 429)},
                              request_body=body(ref("UserChange")), tag="users",
                              description="Admins create (modify: false) and change (modify: true) users; a user may "
-                                         "change their own password, giving the current one as oldPassword. "
+                                         "change their own password, giving the current one as oldPassword "
+                                         "(wrong ones count as failed logins: 429 once too many). "
                                          "A changed password revokes the user's other tokens and ends their "
                                          "browser sessions."),
             "delete": operation("Remove a user", {**answer(200, "Removed, with their finished jobs.", message),

@@ -122,6 +122,7 @@ def _paths() -> dict[str, Schema]:
         "/jobs/{username}~{name}/metrics": {"parameters": JOB_PARAMS, "get": operation(
             "Read the usage samples of a job's tasks", {**answer(200, "Each task of the attempt with its samples.", obj({
                 "job": STRING, "state": STRING, "attempt": INTEGER, "sampleSeconds": {"type": "number"},
+                "samplesPerTask": INTEGER,
                 "tasks": {"type": "array", "items": obj({
                     "taskRole": STRING, "taskIndex": INTEGER, "attempt": INTEGER, "state": STRING, "node": STRING,
                     "gpus": {"type": "array", "items": INTEGER}, "gpusSimulated": {"type": "boolean"},

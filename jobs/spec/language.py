@@ -24,8 +24,12 @@ V1_DEFAULT_SHM_MB = 64
 # OpenPAI's patterns, but not "." or "..": a name that is dots only is a
 # path segment every HTTP client folds away (GET .../jobs/.), and a job
 # named "." was given its owner's whole Output/<user> folder as outputDir.
-JOB_NAME_RE = re.compile(r"^(?!\.+\Z)[A-Za-z0-9\-._~]+\Z")
-ROLE_NAME_RE = re.compile(r"^(?!\.+\Z)[A-Za-z0-9._~]+\Z")
+# Dots, the first character that is none, then anything: said without a
+# lookahead, which JSON Schema's patterns (the OpenAPI description) do not
+# all take, and with no two parts that can take the same character, so a
+# long name is matched in one pass.
+JOB_NAME_RE = re.compile(r"^\.*[A-Za-z0-9\-_~][A-Za-z0-9\-._~]*\Z")
+ROLE_NAME_RE = re.compile(r"^\.*[A-Za-z0-9_~][A-Za-z0-9._~]*\Z")
 LABEL_RE = ROLE_NAME_RE
 VC_NAME_RE = re.compile(r"^[A-Za-z0-9_]+\Z")
 GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9\-._]+\Z")  # at most MAX_GPU_TYPE_LENGTH

@@ -451,7 +451,7 @@ def test_the_log_writer_keeps_trying_while_the_database_is_away(log_attempt, mon
         write(items)
 
     monkeypatch.setattr(writer, "_write", away_for_a_while)
-    writer._write_with_retry([logwriter._Batch(log_attempt.pk, Stream.STDOUT, ["a", "b"], (1, 2))])
+    writer._write_with_retry([logwriter._Batch(log_attempt.pk, Stream.STDOUT, ["a", "b"], (1, 2), size=2)])
     assert _lines(log_attempt) == [(0, "a"), (1, "b")]
 
 
@@ -476,6 +476,6 @@ def test_a_log_batch_committed_though_its_commit_seemed_to_fail_is_not_stored_ag
             raise OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(writer, "_write", committed_but_unheard)
-    writer._write_with_retry([logwriter._Batch(log_attempt.pk, Stream.STDOUT, ["a", "b"], (1, 2))])
-    writer._write_with_retry([logwriter._Batch(log_attempt.pk, Stream.STDOUT, ["c"], (2, 1))])
+    writer._write_with_retry([logwriter._Batch(log_attempt.pk, Stream.STDOUT, ["a", "b"], (1, 2), size=2)])
+    writer._write_with_retry([logwriter._Batch(log_attempt.pk, Stream.STDOUT, ["c"], (2, 1), size=1)])
     assert _lines(log_attempt) == [(0, "a"), (1, "b"), (2, "c")]

@@ -329,11 +329,8 @@ class NodeAgent:
                 # changes nothing (the attempt has ended already).
                 if orphan and container.running:
                     watcher.request_stop()
-                elif attempt is not None and attempt.stop_reason and container.running:
-                    # A stop the database holds whose request never came
-                    # (Redis lost it, or the agent that took it died): the
-                    # job would stay STOPPING, or an ended job's task run on.
-                    watcher.ensure_stopping()
+                elif attempt is not None:
+                    self._stop_if_asked(attempt, container)
                 continue
             if orphan:
                 self.engine.remove(container.id)  # an orphan: its task is over
@@ -352,18 +349,20 @@ class NodeAgent:
             if attempt.state in (TaskState.ASSIGNED, TaskState.LAUNCHING):
                 services.attempt_mark_running(attempt_id, container_id=container.id, started_at=container.started_at)
             self.watchers.watch(attempt_id, container.id)
-            if attempt.stop_reason and container.running:
-                # A stop was asked (the job stopped or ended, a drain) and this
-                # agent's watcher, gone with its process or never made, was the
-                # only one to know: its SIGKILL after the grace period went
-                # with it. A program that ignores SIGTERM would otherwise run on
-                # and keep its job STOPPING (or a completed job's GPUs) for good.
-                # The request may still be queued for this agent: when it comes
-                # it must not count as a second one, which kills at once.
-                watcher = self.watchers.get(attempt_id)
-                if watcher is not None:
-                    watcher.ensure_stopping()
+            self._stop_if_asked(attempt, container)
         return seen
+
+    def _stop_if_asked(self, attempt: TaskAttempt, container: launcher.ContainerState) -> None:
+        """Stop a running task whose stop the database holds (the job stopped
+        or ended, a drain) if its request never reached this agent's watcher:
+        Redis lost it, the agent that took it died, or that agent's SIGKILL
+        after the grace period went with it (a restart). A program that
+        ignores SIGTERM would otherwise run on and keep its job STOPPING, or
+        an ended job's GPUs, for good. A request still queued for this agent
+        must not count as a second one when it comes, which kills at once."""
+        watcher = self.watchers.get(attempt.pk)
+        if attempt.stop_reason and container.running and watcher is not None:
+            watcher.ensure_stopping()
 
     def _relaunch_missing(self, seen: set[int], *, fresh_start: bool) -> None:
         """Active tasks of this node with no container: launch requests lost

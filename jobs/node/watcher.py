@@ -61,8 +61,7 @@ class TaskWatcher:
         if self._stop_requests > 1:
             self.engine.signal(self.container_id, "SIGKILL")
             return
-        self.engine.signal(self.container_id, "SIGTERM")
-        self.follower.call_later(settings.STOP_GRACE_SECONDS, self._kill_if_running)
+        self._terminate()
 
     def ensure_stopping(self) -> None:
         """SIGTERM and SIGKILL after the grace period, unless a stop was
@@ -73,6 +72,10 @@ class TaskWatcher:
         if self._stop_asked.is_set():
             return
         self._stop_asked.set()
+        self._terminate()
+
+    def _terminate(self) -> None:
+        """SIGTERM now, SIGKILL once the grace period is over."""
         self.engine.signal(self.container_id, "SIGTERM")
         self.follower.call_later(settings.STOP_GRACE_SECONDS, self._kill_if_running)
 

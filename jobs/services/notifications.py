@@ -36,7 +36,7 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
@@ -280,8 +280,7 @@ def delivery_try(delivery_id: int) -> str | None:
     held = _hold_behind_failure(delivery_id)
     if held is not _NOT_HELD:
         return held
-    waiting = NotificationDelivery.objects.filter(_due(), pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
-    claimed = waiting.update(status=Status.SENDING, tries=F("tries") + 1, last_try_at=timezone.now(), next_try_at=None)
+    claimed = _waiting(delivery_id).update(status=Status.SENDING, tries=F("tries") + 1, last_try_at=timezone.now(), next_try_at=None)
     if not claimed:
         return None
     delivery = NotificationDelivery.objects.get(pk=delivery_id)
@@ -299,12 +298,14 @@ def delivery_try(delivery_id: int) -> str | None:
 EARLY_SECONDS = 5.0
 
 
-def _due() -> Q:
-    """Deliveries that may be tried now. A retry can be on the queue more
-    than once (the retry set's entry and the repair sweep's, one per sweep
-    while the queue is behind): the first entry tries it, the others find it
-    waiting for its next try and leave it, so no wait is skipped."""
-    return Q(next_try_at__isnull=True) | Q(next_try_at__lte=timezone.now() + timedelta(seconds=EARLY_SECONDS))
+def _waiting(delivery_id: int) -> QuerySet[NotificationDelivery]:
+    """The delivery if it waits for a try that is due now. A retry can be on
+    the queue more than once (the retry set's entry and the repair sweep's,
+    one per sweep while the queue is behind): the first entry tries it, the
+    others find it waiting for its next try and leave it, so no wait is
+    skipped."""
+    due = Q(next_try_at__isnull=True) | Q(next_try_at__lte=timezone.now() + timedelta(seconds=EARLY_SECONDS))
+    return NotificationDelivery.objects.filter(due, pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
 
 
 # ------------------------------------------------- a receiver that is down
@@ -347,7 +348,7 @@ def _hold_behind_failure(delivery_id: int) -> str | None:
     None if it was not waiting for a try, else _NOT_HELD. Only older ones
     hold it: two that failed at once, each held behind the other, were
     never tried again."""
-    waiting = NotificationDelivery.objects.filter(_due(), pk=delivery_id, status__in=(Status.PENDING, Status.RETRYING))
+    waiting = _waiting(delivery_id)
     delivery = waiting.filter(channel=Channel.WEBHOOK).values("user_id", "created_at").first()
     url = delivery and NotificationSettings.objects.filter(user_id=delivery["user_id"]).values_list(
         "webhook_url", flat=True).first()

@@ -280,16 +280,7 @@ def task_samples(attempt_id: int, *, since: datetime | None = None, limit: int =
     "After" counts in milliseconds, as sample_json writes times: a sample
     stored at 10:00:00.123456 is given as .123, and `since=...123` must not
     give it again."""
-    rows = TaskUsage.objects.filter(attempt_id=attempt_id)
-    if since is None:
-        newest = list(rows.order_by("-at")[:limit])
-        newest.reverse()
-        return newest
-    try:
-        next_millisecond = since.replace(microsecond=since.microsecond // 1000 * 1000) + timedelta(milliseconds=1)
-    except OverflowError:  # since is in the last millisecond of the year 9999: nothing comes after it
-        return []
-    return list(rows.filter(at__gte=next_millisecond).order_by("at")[:limit])
+    return tasks_samples([attempt_id], since=since, limit=limit)[attempt_id]
 
 
 # Attempts whose samples one query reads: two parameters each, under the

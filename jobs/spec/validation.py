@@ -21,6 +21,8 @@ from jobs.spec.language import (
 
 # The most problems (and warnings) listed for one config; the rest are counted.
 MAX_REPORTED = 100
+# What ROLE_NAME_RE (and LABEL_RE, the same) takes, in words.
+ROLE_NAME_HELP = "letters, digits and . _ ~, not dots only (pattern ^[A-Za-z0-9._~]+$)"
 
 
 def _describe(value: Any) -> str:
@@ -252,8 +254,7 @@ class _Validator:
             return None
         before = self.problem_count
         name = self.string(item, "name", path, required=True, pattern=ROLE_NAME_RE, allow_empty=False,
-                           pattern_help="letters, digits and . _ ~, not dots only (pattern ^[A-Za-z0-9._~]+$)",
-                           max_length=64)
+                           pattern_help=ROLE_NAME_HELP, max_length=64)
         tasks = self.integer(item, "taskNumber", path, required=True, minimum=1, maximum=MAX_TASK_NUMBER)
         cpus = self.integer(item, "cpuNumber", path, required=True, minimum=1, maximum=MAX_CPU_NUMBER)
         memory = self.integer(item, "memoryMB", path, required=True, minimum=100, maximum=MAX_MEMORY_MB, unit=" MB")
@@ -304,8 +305,7 @@ class _Validator:
                 continue
             before = self.problem_count
             label = self.string(entry, "label", port_path, required=True, pattern=LABEL_RE, allow_empty=False,
-                                pattern_help="letters, digits and . _ ~, not dots only (pattern ^[A-Za-z0-9._~]+$)",
-                                max_length=64)
+                                pattern_help=ROLE_NAME_HELP, max_length=64)
             begin = self.integer(entry, "beginAt", port_path, required=True, minimum=0, maximum=65535)
             number = self.integer(entry, "portNumber", port_path, required=True, minimum=1, maximum=MAX_PORT_NUMBER)
             kept = self.unknown_keys(entry, port_path, PORT_FIELDS, ())

@@ -315,7 +315,7 @@ class _Body:
         self._stream = stream
 
     def __iter__(self) -> Iterator[bytes]:
-        while chunk := self._stream.read(1024 * 1024):
+        while chunk := self._stream.read(CHUNK):
             yield chunk
 
 

@@ -31,9 +31,9 @@ from jobs.spec import parse_job_value
 from tests.helpers import config, role
 
 
-@pytest.fixture
-def node() -> Iterator[Node]:
-    """A node nothing is placed on. Its heartbeat an hour ahead: the test
+def idle_node() -> Iterator[Node]:
+    """A node nothing is placed on (the `node` fixture; other modules' own
+    fixtures yield from it). Its heartbeat an hour ahead: the test
     cluster's agents, which look for lost nodes, would otherwise give its
     tasks up mid-test."""
     made = Node.objects.create(name=f"big-{uuid.uuid4().hex[:8]}", address="127.0.0.3", docker_host="unix:///nonexistent",
@@ -44,23 +44,29 @@ def node() -> Iterator[Node]:
     Job.objects.filter(task_attempts__node=made).update(state=State.STOPPED)
 
 
-def big_job(owner, node: Node, *, tasks: int, attempts: int = 2, samples: int = 3, jupyter: bool = False) -> Job:
-    """A running job of `tasks` one-GPU tasks on its attempt `attempts`,
-    every attempt placed on `node` with ssh and http ports (and jupyter's);
-    the current attempt's tasks have `samples` usage samples each."""
+node = pytest.fixture(idle_node, name="node")
+
+
+def big_job(owner, node: Node, *, tasks: int, attempts: int = 2, samples: int = 3, jupyter: bool = False,
+            roles: tuple[str, ...] = ("main",)) -> Job:
+    """A running job of `tasks` one-GPU tasks in each of `roles` on its
+    attempt `attempts`, every attempt placed on `node` with ssh and http
+    ports (and jupyter's); the current attempt's tasks have `samples` usage
+    samples each."""
     name = f"big_{uuid.uuid4().hex[:8]}"
-    cfg = config(name, role(tasks=tasks, gpus=1, command="sleep 600"), retryCount=attempts - 1)
+    cfg = config(name, *(role(name, tasks=tasks, gpus=1, command="sleep 600") for name in roles),
+                 retryCount=attempts - 1)
     stored = parse_job_value(cfg, user_name=owner.username, default_fs_uri=settings.PAI_DEFAULT_FS_URI).normalized
     now = timezone.now()
     job = Job.objects.create(owner=owner, name=name, config_raw=json.dumps(cfg), config=stored,
                              virtual_cluster=VirtualCluster.objects.get(name="default"), state=State.RUNNING,
-                             total_tasks=tasks, total_roles=1, total_gpus=tasks, retry_limit=attempts - 1,
-                             attempt_number=attempts, started_at=now - timedelta(hours=1))
+                             total_tasks=tasks * len(roles), total_roles=len(roles), total_gpus=tasks * len(roles),
+                             retry_limit=attempts - 1, attempt_number=attempts, started_at=now - timedelta(hours=1))
     JobAttempt.objects.bulk_create([
         JobAttempt(job=job, number=n, state=State.RUNNING if n == attempts else State.FAILED,
                    exit_type="" if n == attempts else ExitType.USER_EXIT, started_at=now - timedelta(hours=1))
         for n in range(1, attempts + 1)])
-    Task.objects.bulk_create([Task(job=job, role="main", index=i) for i in range(tasks)])
+    Task.objects.bulk_create([Task(job=job, role=name, index=i) for name in roles for i in range(tasks)])
     rows = []
     for job_attempt in job.attempts.order_by("number"):
         current = job_attempt.number == attempts
@@ -139,11 +145,107 @@ def test_jupyter_tasks_tokens_and_terminals_are_read_once_for_all_tasks(alice, n
         TerminalSession.objects.create(user=alice, attempt=current[0])
     counts = [queries_of(client, f"/jobs/{job.pk}/live/") for job in jobs]
     assert counts[0] == counts[1], counts
-    html = client.get(f"/jobs/{jobs[1].pk}/live/").content.decode()
+    # The tables show 100 tasks a page.
+    html = "".join(client.get(f"/jobs/{jobs[1].pk}/live/?tasks={page}").content.decode() for page in (1, 2))
     current = TaskAttempt.objects.filter(job=jobs[1], number=jobs[1].attempt_number)
     assert html.count('class="button jupyter-link"') == 200
     for attempt in current:
         assert f"%3Ftoken%3D{'cd' * 8}{attempt.pk:08x}\"" in html
+
+
+# ------------------------------------------------- the task tables' pages
+
+
+def task_rows(html: str) -> list[str]:
+    """The tasks the tables show, as <role>-<index>, in order."""
+    import re
+    rows = re.findall(r'<section class="role" aria-labelledby="role-\d+">.*?<span class="role-name">([^<]+)</span>'
+                      r'(.*?)</section>', html, re.S)
+    return [f"{name}-{index}" for name, body in rows
+            for index in re.findall(r'<th scope="row" class="task-index">(\d+)</th>', body)]
+
+
+def test_the_task_tables_show_a_page_of_tasks_in_the_configs_role_order(alice, node):
+    """Roles in the config's order (not the alphabet's), then index; 100
+    tasks a page, with links to the others."""
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=120, roles=("worker", "chief"))
+    pages = [client.get(f"/jobs/{job.pk}/live/?tasks={page}").content.decode() for page in (1, 2, 3)]
+    assert task_rows(pages[0]) == [f"worker-{i}" for i in range(100)]
+    assert task_rows(pages[1]) == [f"worker-{i}" for i in range(100, 120)] + [f"chief-{i}" for i in range(80)]
+    assert task_rows(pages[2]) == [f"chief-{i}" for i in range(80, 120)]
+    assert "Tasks 201–240 of 240" in pages[2] and 'href="?tasks=2#tasks" rel="prev"' in pages[2]
+    assert 'rel="next"' not in pages[2] and 'href="?tasks=2#tasks" rel="next"' in pages[0]
+    # The log viewer's menu still offers every task of the attempt.
+    assert pages[0].count("· running</option>") == 240
+
+
+@pytest.mark.parametrize("page", ["0", "-1", "99", "abc", "1e3", "2" * 40])
+def test_a_page_number_out_of_range_or_not_a_number_shows_the_nearest_page(alice, node, page):
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=150)
+    response = client.get(f"/jobs/{job.pk}/live/?tasks={page}")
+    assert response.status_code == 200
+    assert task_rows(response.content.decode()) in ([f"main-{i}" for i in range(100)],
+                                                    [f"main-{i}" for i in range(100, 150)])
+
+
+def test_a_state_filter_shows_only_its_tasks_and_counts_each_state(alice, node):
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=300)
+    TaskAttempt.objects.filter(job=job, number=job.attempt_number, task__index__in=[7, 250, 299]).update(
+        state=TaskState.FAILED, exit_code=3, exit_type=ExitType.USER_EXIT)
+    html = client.get(f"/jobs/{job.pk}/live/?task_state=FAILED").content.decode()
+    assert task_rows(html) == ["main-7", "main-250", "main-299"]
+    assert '<span class="current" aria-current="true">failed <span class="count">3</span></span>' in html
+    assert 'href="?task_state=RUNNING#tasks" data-task-state="RUNNING">running <span class="count">297</span>' in html
+    assert 'data-task-state="">all <span class="count">300</span>' in html
+    # A state no task is in, or none at all, shows every task.
+    for state in ("SUCCEEDED", "NOPE", "'\"><b>"):
+        assert task_rows(client.get(f"/jobs/{job.pk}/live/", {"task_state": state}).content.decode())[:2] == [
+            "main-0", "main-1"]
+
+
+def test_the_page_polls_the_same_view_of_the_tables_it_shows(alice, node):
+    """The live part's URL keeps the page, the filter and a chosen attempt,
+    so the next poll does not put the first page back."""
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=250, attempts=2)
+    TaskAttempt.objects.filter(job=job, number=1, task__index__gte=120).update(state=TaskState.STOPPED)
+    html = client.get(f"/jobs/{job.pk}/?attempt=1&task_state=FAILED&tasks=2").content.decode()
+    assert f'data-live-url="/jobs/{job.pk}/live/?attempt=1&amp;task_state=FAILED&amp;tasks=2"' in html
+    assert task_rows(html) == [f"main-{i}" for i in range(100, 120)]
+    # The newest attempt, unless one is chosen: the live part follows a retry.
+    html = client.get(f"/jobs/{job.pk}/?tasks=2").content.decode()
+    assert f'data-live-url="/jobs/{job.pk}/live/?tasks=2"' in html
+
+
+def test_the_log_viewer_opens_on_the_failed_task_that_ended_the_job_wherever_its_page(alice, node):
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=300, attempts=1)
+    failed = TaskAttempt.objects.get(job=job, task__index=270)
+    TaskAttempt.objects.filter(job=job).exclude(pk=failed.pk).update(state=TaskState.STOPPED)
+    TaskAttempt.objects.filter(pk=failed.pk).update(state=TaskState.FAILED, exit_code=2, exit_type=ExitType.USER_EXIT)
+    LogLine.objects.create(attempt=failed, stream=Stream.STDERR, seq=0, text="Traceback")
+    Job.objects.filter(pk=job.pk).update(state=State.FAILED, exit_type=ExitType.USER_EXIT, exit_trigger_role="main",
+                                         exit_trigger_index=270)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert f'data-stream="stderr" data-attempt="{failed.pk}"' in html
+
+
+def test_another_user_and_an_anonymous_client_see_no_page_of_anothers_tasks(alice, bob, node):
+    job = big_job(alice, node, tasks=150)
+    other = Client()
+    other.force_login(bob)
+    for path in (f"/jobs/{job.pk}/live/?tasks=2&task_state=RUNNING", f"/jobs/{job.pk}/?tasks=2"):
+        assert other.get(path).status_code == 404
+        response = Client().get(path)
+        assert response.status_code == 302 and response["Location"].startswith("/login/")
 
 
 # ------------------------------------------------------------ job status

@@ -10,6 +10,7 @@ run into each other, and buttons a screen reader cannot tell apart.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -19,9 +20,10 @@ from django.conf import settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from jobs.models import Node, State, TaskState
+from jobs.models import Node, State, TaskAttempt, TaskState
 from jobs.services import access, tokens
 from tests.browser import login, page_alone, screenshot
+from tests.test_big_job_queries import big_job, idle_node
 from tests.test_pages import ended_job, task_attempt, waiting_job
 
 pytestmark = pytest.mark.browser
@@ -224,3 +226,28 @@ def test_what_ended_an_attempt_wraps_inside_the_attempts_table(phone, desktop, a
     frame = desktop.locator("table.attempts").locator("xpath=..")
     assert frame.evaluate("el => el.scrollWidth - el.clientWidth") == 0  # no sideways scroll on a desktop
     screenshot(phone, "layout-attempt-trigger-phone")
+
+
+@pytest.fixture
+def big_node() -> Iterator[Node]:
+    yield from idle_node()
+
+
+def test_a_big_jobs_task_pages_and_state_filter_fit_a_phone_and_stay_as_chosen_while_polled(phone, alice, big_node):
+    """A job of 300 tasks: the tables show a page at a time, and a state
+    filter chosen by a click stays chosen when the page polls its tables:
+    a task that fails meanwhile joins the failed ones shown."""
+    job = big_job(alice, big_node, tasks=300)
+    current = TaskAttempt.objects.filter(job=job, number=job.attempt_number)
+    current.filter(task__index=250).update(state=TaskState.FAILED, exit_code=1)
+    phone.goto(f"/jobs/{job.pk}/")
+    expect(phone.locator(".task-pages")).to_contain_text("Tasks 1–100 of 300")
+    assert phone.evaluate(PAGE_OVERFLOW) == 0
+    phone.locator('.task-states a[data-task-state="FAILED"]').click()
+    rows = phone.locator("#tasks .task-row .task-index")
+    expect(rows).to_have_text(["250"])
+    current.filter(task__index=5).update(state=TaskState.FAILED, exit_code=1)
+    expect(rows).to_have_text(["5", "250"])  # the next poll's, still filtered
+    expect(phone.locator(".task-states .current")).to_contain_text("failed 2")
+    screenshot(phone, "big-job-failed-tasks-phone")
+    assert phone.evaluate(PAGE_OVERFLOW) == 0

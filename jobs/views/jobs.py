@@ -14,12 +14,12 @@ from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs import services
 from jobs.ids import parse_id
-from jobs.models import ExitType, ImagePull, Job, JobAttempt, State, Stream, Task, TaskAttempt, TaskState
+from jobs.models import ExitType, ImagePull, Job, JobAttempt, LogLine, State, Stream, Task, TaskAttempt, TaskState
 from jobs.services import access, listing, pulls, tags, usage
 from jobs.services.storage_links import job_storage_links
 from jobs.spec import TaskRoleSpec, protocol_of
@@ -112,13 +112,84 @@ class RoleTable:
     rows: list[TaskRow]
 
 
-def _role_tables(job: Job, attempts: list[TaskAttempt]) -> list[RoleTable]:
-    """One table per task role, in the config's order, of the shown job
-    attempt's task attempts."""
+# The task tables show this many tasks a page. A job may hold 1,000 tasks,
+# and the page polls its tables every 2 s: a page of rows costs the same
+# whatever the job's size, and a state filter finds the few that failed.
+TASK_PAGE_SIZE = 100
+NOT_PLACED = "NOT_PLACED"  # the filter of tasks with no attempt in the shown job attempt
+
+
+@dataclass(frozen=True)
+class TaskListing:
+    """The shown job attempt's tasks in the tables' order (roles as in the
+    config, then index): (task id, role, index, attempt id or None, state
+    or NOT_PLACED), read as plain tuples, not models."""
+
+    rows: list[tuple[int, str, int, int | None, str]]
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row[4]] = counts.get(row[4], 0) + 1
+        return counts
+
+
+def _task_listing(job: Job, number: int) -> TaskListing:
+    attempts = {task_id: (pk, state) for task_id, pk, state
+                in job.task_attempts.filter(number=number).values_list("task_id", "pk", "state")}
+    order = {role.name: position for position, role in enumerate(job.spec.task_roles)}
+    tasks = sorted(job.tasks.values_list("pk", "role", "index"), key=lambda t: (order.get(t[1], len(order)), t[2]))
+    return TaskListing([(pk, role, index, *attempts.get(pk, (None, NOT_PLACED))) for pk, role, index in tasks])
+
+
+@dataclass(frozen=True)
+class StateChoice:
+    value: str  # "" for all
+    label: str
+    count: int
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """Which of the listing's rows the tables show: the `state` filter's
+    (or all), page `number` of `pages`."""
+
+    state: str
+    number: int
+    pages: int
+    first: int  # the first row's place among the filtered, from 1
+    last: int
+    total: int  # rows the filter keeps
+    choices: list[StateChoice]
+    task_ids: list[int]
+
+
+def _task_page(listing: TaskListing, *, state: str, page: str) -> TaskPage:
+    """Unknown states and page numbers fall back to all tasks and the
+    nearest page: a link from an earlier attempt or a hand-typed URL still
+    shows a table."""
+    counts = listing.counts()
+    labels = {**dict(TaskState.choices), NOT_PLACED: "not placed"}
+    choices = [StateChoice("", "all", len(listing.rows))]
+    choices += [StateChoice(value, labels[value], counts[value]) for value in labels if value in counts]
+    if state not in counts:
+        state = ""
+    kept = [row for row in listing.rows if not state or row[4] == state]
+    pages = max(1, -(-len(kept) // TASK_PAGE_SIZE))
+    number = min(max(parse_id(page) or 1, 1), pages)
+    shown = kept[(number - 1) * TASK_PAGE_SIZE:number * TASK_PAGE_SIZE]
+    first = (number - 1) * TASK_PAGE_SIZE + 1 if shown else 0
+    return TaskPage(state, number, pages, first, first + len(shown) - 1 if shown else 0, len(kept), choices,
+                    [row[0] for row in shown])
+
+
+def _role_tables(job: Job, page: TaskPage, attempts: list[TaskAttempt]) -> list[RoleTable]:
+    """One table per task role, in the config's order, of the page's tasks
+    and their attempts in the shown job attempt."""
     by_task = {a.task_id: a for a in attempts}
     shown_pulls = pulls.pulls_shown(by_task.values())
     tasks: dict[str, list[Task]] = {}
-    for task in job.tasks.order_by("role", "index"):  # through `job`: each task knows its job without a query
+    for task in job.tasks.filter(pk__in=page.task_ids).order_by("role", "index"):  # through `job`: each task knows its job
         tasks.setdefault(task.role, []).append(task)
     tables = []
     for role in job.spec.task_roles:
@@ -128,7 +199,8 @@ def _role_tables(job: Job, attempts: list[TaskAttempt]) -> list[RoleTable]:
             rows.append(TaskRow(task, attempt, access.port_links(attempt) if attempt else [],
                                 bool(attempt and attempt.node and attempt.node.gpus_simulated),
                                 shown_pulls.get(attempt.pk) if attempt else None))
-        tables.append(RoleTable(role, rows))
+        if rows:
+            tables.append(RoleTable(role, rows))
     return tables
 
 
@@ -139,14 +211,25 @@ def _role_tables(job: Job, attempts: list[TaskAttempt]) -> list[RoleTable]:
 LOG_MENU_MAX = 2000
 
 
-def _log_choices(job: Job, number: int, shown: list[TaskAttempt]) -> list[tuple[int, list[TaskAttempt]]]:
-    """The log viewer's task menu: tasks grouped by job attempt, newest first."""
-    others = list(job.task_attempts.exclude(number=number).select_related("task")
-                  .order_by("-number", "task__role", "task__index")[:max(0, LOG_MENU_MAX - len(shown))])
-    groups: dict[int, list[TaskAttempt]] = {}
-    for attempt in sorted([*shown, *others], key=lambda a: -a.number):  # stable: each group keeps its task order
-        groups.setdefault(attempt.number, []).append(attempt)
-    return list(groups.items())
+@dataclass(frozen=True)
+class LogChoice:
+    pk: int
+    task: str  # <role>-<index>
+    state: str  # its label
+
+
+def _log_choices(job: Job, number: int, listing: TaskListing) -> list[tuple[int, list[LogChoice]]]:
+    """The log viewer's task menu: tasks grouped by job attempt, newest
+    first; the shown attempt's in the tables' order, read as plain values."""
+    labels = dict(TaskState.choices)
+    shown = [LogChoice(pk, f"{role}-{index}", labels[state])
+             for _, role, index, pk, state in listing.rows if pk is not None][:LOG_MENU_MAX]
+    groups: dict[int, list[LogChoice]] = {number: shown} if shown else {}
+    others = (job.task_attempts.exclude(number=number).order_by("-number", "task__role", "task__index")
+              .values_list("pk", "number", "task__role", "task__index", "state")[:max(0, LOG_MENU_MAX - len(shown))])
+    for pk, other, role, index, state in others:
+        groups.setdefault(other, []).append(LogChoice(pk, f"{role}-{index}", labels[state]))
+    return sorted(groups.items(), key=lambda group: -group[0])
 
 
 def _shown_attempt_number(request: HttpRequest, job: Job, job_attempts: list[JobAttempt]) -> int:
@@ -157,22 +240,50 @@ def _shown_attempt_number(request: HttpRequest, job: Job, job_attempts: list[Job
     return job.attempt_number
 
 
+def _tasks_query(*, attempt: int | None, state: str = "", page: int = 1) -> str:
+    """The query string of a view of the task tables. Without `attempt` the
+    page follows the job's newest attempt, as a retry starts."""
+    params = {"attempt": attempt, "task_state": state, "tasks": page if page > 1 else None}
+    kept = {name: value for name, value in params.items() if value}
+    return f"?{urlencode(kept)}" if kept else ""
+
+
+def _task_links(page: TaskPage, attempt: int | None) -> dict:
+    """The tables' state filter and page links, and the live part's URL
+    query, which keeps the same view."""
+    def link(**changes: object) -> str:
+        view: dict = {"attempt": attempt, "state": page.state, "page": page.number, **changes}
+        return _tasks_query(**view)
+    return {
+        "states": [(choice, link(state=choice.value, page=1)) for choice in page.choices],
+        "previous": link(page=page.number - 1) if page.number > 1 else "",
+        "next": link(page=page.number + 1) if page.number < page.pages else "",
+        "live": link(),
+    }
+
+
 def _detail_context(request: HttpRequest, job: Job) -> dict:
     job_attempts = list(job.attempts.all())
     number = _shown_attempt_number(request, job, job_attempts)
-    # Only the shown job attempt's task attempts: the others may be a
-    # hundred times as many. Through `job` so each attempt's .job is this
-    # job (the access cell reads it per row).
-    shown = list(job.task_attempts.filter(number=number).select_related("task", "node", "job_attempt")
-                 .order_by("task__role", "task__index"))
+    listing = _task_listing(job, number)
+    page = _task_page(listing, state=request.GET.get("task_state", ""), page=request.GET.get("tasks", ""))
+    # Only the page's task attempts: a job may hold 1,000 tasks and a
+    # hundred times as many attempts. Through `job` so each attempt's .job
+    # is this job (the access cell reads it per row).
+    shown = list(job.task_attempts.filter(number=number, task_id__in=page.task_ids)
+                 .select_related("task", "node", "job_attempt"))
     waiting = job.state == State.WAITING
+    chosen = number if parse_id(request.GET.get("attempt", "")) == number else None
     return {
         "job": job,
         "job_attempts": job_attempts,
         "shown_number": number,
-        "role_tables": _role_tables(job, shown),
+        "task_listing": listing,
+        "task_page": page,
+        "task_links": _task_links(page, chosen),
+        "role_tables": _role_tables(job, page, shown),
         "task_access": access.tasks_access(job=job, attempts=shown, user=request.user),
-        "log_groups": _log_choices(job, number, shown),
+        "log_groups": _log_choices(job, number, listing),
         "queue_position": services.queue_position(job) if waiting else None,
         "never_fits": services.never_fits_reason(job) if waiting else None,
         "can_stop": not job.is_final,
@@ -190,12 +301,12 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context["can_tag"] = job.owner_id == request.user.pk
     context["config_normalized"] = json.dumps(job.spec.to_config(), indent=2, ensure_ascii=False)
     context["streams"] = [(s.label, s.label) for s in Stream]
-    context["log_attempt"], context["log_stream"] = _log_start(request, job, context["role_tables"])
+    context["log_attempt"], context["log_stream"] = _log_start(request, job, context["task_listing"])
     context.update(_usage_context(job))
     return render(request, "jobs/detail.html", context)
 
 
-def _log_start(request: HttpRequest, job: Job, role_tables: list[RoleTable]) -> tuple[str, str]:
+def _log_start(request: HttpRequest, job: Job, listing: TaskListing) -> tuple[str, str]:
     """The task attempt and stream the log viewer opens on: the URL's; for a
     job that failed, the failed task that ended it (its exit trigger; else
     its first failed task), on the stream that says why (the platform's note
@@ -207,19 +318,18 @@ def _log_start(request: HttpRequest, job: Job, role_tables: list[RoleTable]) -> 
     attempt = attempt if parse_id(attempt) is not None else ""
     if attempt or stream in Stream.labels:
         return attempt, stream if stream in Stream.labels else "stdout"
-    failures = [row for table in role_tables for row in table.rows
-                if row.attempt and row.attempt.state == TaskState.FAILED]
+    failures = [(role, index, pk) for _, role, index, pk, state in listing.rows if state == TaskState.FAILED]
     # With minFailedInstances over 1 the first failed task in role order
     # need not be the one whose failure ended the job.
-    trigger = next((row for row in failures
-                    if (row.task.role, row.task.index) == (job.exit_trigger_role, job.exit_trigger_index)), None)
-    failed = (trigger or failures[0]).attempt if failures else None
+    trigger = next((row for row in failures if row[:2] == (job.exit_trigger_role, job.exit_trigger_index)), None)
+    failed = (trigger or failures[0])[2] if failures else None
     if job.state != State.FAILED or failed is None:
         return "", "stdout"
     if job.exit_type in (ExitType.IMAGE_PULL, ExitType.PLATFORM):
-        return str(failed.pk), "platform"
-    wrote_stderr = job.exit_type == ExitType.USER_EXIT and failed.log_lines.filter(stream=Stream.STDERR).exists()
-    return str(failed.pk), "stderr" if wrote_stderr else "stdout"
+        return str(failed), "platform"
+    wrote_stderr = (job.exit_type == ExitType.USER_EXIT
+                    and LogLine.objects.filter(attempt_id=failed, stream=Stream.STDERR).exists())
+    return str(failed), "stderr" if wrote_stderr else "stdout"
 
 
 def _usage_context(job: Job) -> dict:

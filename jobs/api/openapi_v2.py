@@ -85,6 +85,14 @@ def _paths() -> dict[str, Schema]:
         "/jobs/{username}~{name}": {"parameters": JOB_PARAMS, "get": operation(
             "Get a job's status (v2)", {**answer(200, "v1's status plus protocolVersion, tags and every attempt.",
                                                  ref("JobStatusV2")), **errors(401, 404)}, tag="jobs")},
+        "/jobs/{username}~{name}/attempts/{attempt_id}": {
+            "parameters": [*JOB_PARAMS, path_param("attempt_id", "OpenPAI's jobAttemptId: 0 is the first attempt, "
+                                                                 "as jobStatus.retries counts",
+                                                   {"type": "integer", "minimum": 0})],
+            "get": operation("Get a job's status at one of its attempts", {
+                **answer(200, "The job's status with that attempt's app* fields and task containers (the job's "
+                              "own state, retries and times stay the job's).", ref("JobStatusV2")),
+                **errors(400, 401, 404)}, tag="jobs")},
         "/jobs/{username}~{name}/config": {"parameters": JOB_PARAMS, "get": operation(
             "Get a job's config (v2)", {
                 "200": {"description": "The config as submitted: YAML for a v2 job (secrets masked), JSON for v1.",

@@ -21,6 +21,7 @@ urlpatterns = [
     route("authn/basic/login", tokens.token, "authn_basic_login"),
     route("jobs", jobs_v2.jobs, "jobs"),
     route(JOB, jobs_v2.job, "job"),
+    route(JOB + r"/attempts/(?P<attempt_id>[^/]+)", jobs_v2.job_at_attempt, "job_at_attempt"),
     route(JOB + "/config", jobs_v2.config, "job_config"),
     route(JOB + "/executionType", jobs_v1.execution_type, "job_execution_type"),
     route(JOB + "/tag", jobs_v2.tag, "job_tag"),

@@ -22,7 +22,7 @@ from jobs.api.errors import ApiError, invalid, no_job
 from jobs.api.http import api_url, handler, int_param, json_body, ok, resource, streamed
 from jobs.api.views import jobs as v1
 from jobs.ids import parse_id
-from jobs.models import Job, JobAttempt, JobTag, State, TaskAttempt, User, VirtualCluster
+from jobs.models import FINAL_STATES, Job, JobAttempt, JobTag, State, TaskAttempt, User, VirtualCluster
 from jobs.services import listing, tags
 from jobs.spec import protocol_of
 
@@ -166,16 +166,62 @@ def _attempt_body(job: Job, attempt: JobAttempt, statuses_by_role: dict[str, lis
     }
 
 
-@handler(Access.USER)
-def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
-    job = v1.find_job(request, username, name)
+def _status_body(request: HttpRequest, job: Job) -> dict:
     body = v1.status_body(request, job)
     body["protocolVersion"] = protocol_of(job.config_raw)
     body["tags"] = list(job.tags.values_list("value", flat=True))
     newest = sorted(job.attempts.order_by("-number")[:STATUS_ATTEMPTS], key=lambda attempt: attempt.number)
     body["jobAttempts"] = _attempt_bodies(request, job, newest)
     body["jobAttemptCount"] = job.attempts.count() if len(newest) == STATUS_ATTEMPTS else len(newest)
+    return body
+
+
+@handler(Access.USER)
+def _status(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    return ok(_status_body(request, v1.find_job(request, username, name)))
+
+
+def _attempt_at(job: Job, attempt_id: str) -> JobAttempt:
+    """OpenPAI's jobAttemptId: 0 for the first attempt, as jobStatus.retries
+    counts (our attempt numbers count from 1)."""
+    index = parse_id(attempt_id)
+    if index is None:
+        raise invalid(f"jobAttemptId must be a whole number from 0 (the first attempt), not {attempt_id[:40]!r}.")
+    attempt = job.attempts.filter(number=index + 1).first() if index < job.attempt_number else None
+    if attempt is None:
+        raise ApiError("NoJobError", f"Job {job.owner.username}~{job.name} has no attempt of jobAttemptId {index} "
+                                     f"(its attempts are 0 to {job.attempt_number - 1}).")
+    return attempt
+
+
+@handler(Access.USER)
+def _status_at(request: HttpRequest, username: str, name: str, attempt_id: str) -> HttpResponse:
+    """OpenPAI's `.../attempts/<jobAttemptId>`: the job's status with the
+    app* fields and task containers of that attempt; the job's own state,
+    retries and times stay the job's, as OpenPAI answers it."""
+    job = v1.find_job(request, username, name)
+    attempt = _attempt_at(job, attempt_id)
+    body = _status_body(request, job)
+    body["jobStatus"].update(_attempt_app_fields(job, attempt))
+    body["taskRoles"] = _attempt_bodies(request, job, [attempt])[0]["taskRoles"]
     return ok(body)
+
+
+def _attempt_app_fields(job: Job, attempt: JobAttempt) -> dict:
+    """The jobStatus fields that OpenPAI takes from the attempt asked for."""
+    ended = attempt.state in FINAL_STATES
+    return {
+        "appId": f"{job.pk}-{attempt.number}",
+        "appProgress": 1 if ended else 0,
+        "appLaunchedTime": serializers.millis(attempt.started_at),
+        "appCompletedTime": serializers.millis(attempt.finished_at),
+        "appExitCode": attempt.exit_code,
+        "appExitSpec": exit_spec.as_openpai(attempt.exit_type, attempt.exit_code),
+        "appExitDiagnostics": attempt.exit_reason,
+        **serializers.exit_trigger(attempt),
+        "appExitMessages": serializers.exit_messages(attempt),
+        "appExitType": attempt.exit_type or None,
+    }
 
 
 @handler(Access.USER)
@@ -259,6 +305,7 @@ def _description(request: HttpRequest) -> HttpResponse:
 description = resource(GET=_description)
 jobs = resource(GET=_list, POST=_submit)
 job = resource(GET=_status)
+job_at_attempt = resource(GET=_status_at)
 config = resource(GET=_config)
 tag = resource(PUT=_tag_add, DELETE=_tag_remove)
 attempts = resource(GET=_attempts)

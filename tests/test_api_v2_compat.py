@@ -1,17 +1,23 @@
 """OpenPAI REST compatibility of the v2 API, through Django's test client:
-a job as it was at one of its attempts (`.../attempts/<jobAttemptId>`).
+a job as it was at one of its attempts (`.../attempts/<jobAttemptId>`)
+and the cluster's SKU types (`/cluster/sku-types?vc=`).
 
 Users: alice (owner), bob (another user); each test makes its own.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
+import pytest
 from django.test import Client
+from django.utils import timezone
 
-from jobs.models import JobAttempt, State, TaskAttempt, TaskState
+from jobs.models import JobAttempt, Node, State, TaskAttempt, TaskState
 from jobs.services import tokens
+from tests.helpers import hold_vc
+from tests.test_metrics import make_node
 from tests.test_pages import ended_job
 
 
@@ -76,3 +82,36 @@ def test_another_user_and_an_anonymous_client_get_no_attempt(alice, bob):
     assert stranger.status_code == 404 and stranger.json()["code"] == "NoJobError"
     assert "c1" not in stranger.content.decode()
     assert Client().get(path).status_code == 401
+
+
+@pytest.fixture
+def gpu_nodes():
+    """Two ready nodes with GPUs of a type of this test's own: one of 8 CPUs,
+    32 GB and two GPUs; one of 4 CPUs, 4 GB and one GPU."""
+    kind = f"sku-{uuid.uuid4().hex[:6]}"
+    made = [make_node(f"sku-a-{kind}", gpus=[kind, kind], cpus=8, memory_mb=32768),
+            make_node(f"sku-b-{kind}", gpus=[kind], cpus=4, memory_mb=4096)]
+    yield kind
+    Node.objects.filter(pk__in=[node.pk for node in made]).delete()
+
+
+def test_it_lists_the_sku_types_of_the_cluster_and_of_a_virtual_cluster(alice, gpu_nodes):
+    api = _api(alice)
+    everywhere = api.get("/api/v2/cluster/sku-types")
+    assert everywhere.status_code == 200
+    # OpenPAI's resource unit: one GPU of the type with the CPUs and memory
+    # (MB) that come with it; here on the smallest node that has that type.
+    assert everywhere.json()[gpu_nodes] == {"cpu": 4, "memory": 4096, "gpu": 1}
+    assert api.get("/api/v2/cluster/sku-types?vc=default").json()[gpu_nodes] == {"cpu": 4, "memory": 4096, "gpu": 1}
+    held = hold_vc(f"hold_{alice.username}", alice)  # no share of the cluster: no GPU of any type
+    assert api.get(f"/api/v2/cluster/sku-types?vc={held.name}").json() == {}
+    unknown = api.get("/api/v2/cluster/sku-types?vc=nowhere")
+    assert unknown.status_code == 404 and unknown.json()["code"] == "NoVirtualClusterError"
+    assert "nowhere" in unknown.json()["message"]
+    assert api.get("/rest-server/api/v2/cluster/sku-types").json()[gpu_nodes]["gpu"] == 1
+
+
+def test_sku_types_need_a_signed_in_caller_and_leave_out_nodes_not_ready(alice, gpu_nodes):
+    assert Client().get("/api/v2/cluster/sku-types").status_code == 401
+    Node.objects.filter(name__endswith=gpu_nodes).update(last_heartbeat=timezone.now() - timedelta(days=1))
+    assert gpu_nodes not in _api(alice).get("/api/v2/cluster/sku-types").json()

@@ -49,6 +49,7 @@ def _v2_schemas() -> dict[str, Schema]:
                                                                                    "type", "taskRoles"],
                        "description": "OpenPAI protocol v2 (github.com/microsoft/openpai-protocol, "
                                       "schemas/v2/schema.yaml), as YAML or JSON."},
+        "SkuType": obj({"cpu": INTEGER, "memory": INTEGER, "gpu": INTEGER}, ["cpu", "memory", "gpu"]),
         "Tag": TAG_BODY,
         "UserV2": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN,
                        "virtualCluster": {"type": "array", "items": STRING,
@@ -142,6 +143,13 @@ def _paths() -> dict[str, Schema]:
             ], description="The job's owner and admins only; the job page's graphs read this.")},
         **attempt_paths(),
         **virtual_cluster_paths(),
+        "/cluster/sku-types": {"get": operation("List SKU types", {
+            **answer(200, "Each GPU type on the ready nodes by name: one GPU of it with the CPUs and memory (MB) "
+                          "it comes with on the smallest node that has it, as OpenPAI's resource units.",
+                     {"type": "object", "additionalProperties": ref("SkuType")}),
+            **errors(401, 404)}, parameters=[query_param(
+                "vc", "only the types this virtual cluster has a share of (404 NoVirtualClusterError when there "
+                      "is no such cluster)", STRING)], tag="cluster")},
         "/users": {"get": operation("List users", {**answer(200, "Every user (admins only).", {
             "type": "array", "items": ref("UserV2")}), **errors(401, 403)}, tag="users")},
         "/users/{username}": {"parameters": [path_param("username", "the user's name")], "get": operation(

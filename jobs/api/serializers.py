@@ -15,7 +15,7 @@ from django.db.models import QuerySet
 
 from jobs import exit_spec
 from jobs.models import FINAL_STATES, ExitType, Job, JobAttempt, State, Task, TaskAttempt, User
-from jobs.services.cluster import Amount, VcUsage
+from jobs.services.cluster import Amount, SkuType, VcUsage
 
 # The fields a job list needs; the heavy ones (config, keys) stay in the database.
 LIST_FIELDS = (
@@ -235,3 +235,7 @@ def user_v2(user: User, usable: list[str]) -> dict[str, Any]:
 def _default_first(names: list[str]) -> list[str]:
     return sorted(names, key=lambda name: (name != "default", name))
 
+
+def sku_type(unit: SkuType) -> dict[str, int]:
+    """OpenPAI's resource unit: CPUs, memory in MB and GPUs of one SKU."""
+    return {"cpu": unit.cpus, "memory": unit.memory_mb, "gpu": unit.gpus}

@@ -35,6 +35,7 @@ urlpatterns = [
     route(JOB + "/metrics", usage.job_metrics, "job_metrics"),
     route("virtual-clusters", clusters.virtual_clusters, "virtual_clusters"),
     route(r"virtual-clusters/(?P<vc>[^/]+)", clusters.virtual_cluster, "virtual_cluster"),
+    route("cluster/sku-types", clusters.sku_types, "cluster_sku_types"),
     route("users", users.users_v2, "users"),
     route(r"users/(?P<username>[^/]+)", users.user_detail_v2, "user_detail"),
     # nodes (admins), join tokens (admins) and the join itself (a join token);

@@ -5,6 +5,7 @@ are the numbers the scheduler decides with."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from django.db.models import Count
@@ -74,6 +75,37 @@ def vc_usage(*, states: list[scheduler.NodeState] | None = None) -> list[VcUsage
             gpus={kind: Amount(q.used_gpus.get(kind, 0.0), total) for kind, total in sorted(q.gpus.items())},
         ))
     return result
+
+
+@dataclass(frozen=True)
+class SkuType:
+    """OpenPAI's resource unit of a SKU (hived's leaf cell): one GPU of a
+    type and the CPUs and memory that come with it."""
+    cpus: int
+    memory_mb: int
+    gpus: int = 1
+
+
+def sku_types(*, vc: str | None = None) -> dict[str, SkuType] | None:
+    """Each GPU type on the ready nodes, with the CPUs and memory one GPU of
+    it comes with on the smallest node that has it: a task asking that much
+    per GPU fits anywhere the type is. With `vc`, only the types that
+    virtual cluster has a share of; None when there is no such cluster."""
+    if vc is not None and not VirtualCluster.objects.filter(name=vc).exists():
+        return None
+    states = ready_node_states()
+    units: dict[str, SkuType] = {}
+    for state in states:
+        counts = Counter(state.gpus.values())
+        for kind, count in counts.items():
+            unit = SkuType(cpus=state.cpus // count, memory_mb=state.memory_mb // count)
+            known = units.get(kind)
+            units[kind] = unit if known is None else SkuType(
+                cpus=min(known.cpus, unit.cpus), memory_mb=min(known.memory_mb, unit.memory_mb))
+    if vc is None:
+        return dict(sorted(units.items()))
+    shared = next((usage.gpus for usage in vc_usage(states=states) if usage.name == vc), {})
+    return {kind: unit for kind, unit in sorted(units.items()) if shared.get(kind, Amount(0, 0)).total > 0}
 
 
 @dataclass(frozen=True)

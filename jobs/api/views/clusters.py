@@ -1,4 +1,5 @@
-"""Virtual clusters: their share of the cluster, what they use, their jobs."""
+"""Virtual clusters: their share of the cluster, what they use, their jobs;
+and the cluster's SKU types (GPU types), as OpenPAI's v2 lists them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from jobs.api.errors import ApiError
 from jobs.api.http import handler, ok, resource
 from jobs.models import VirtualCluster
 from jobs.services import vc_usage
+from jobs.services.cluster import sku_types as cluster_sku_types
 
 
 def _allowed(request: HttpRequest) -> set[str]:
@@ -30,5 +32,17 @@ def _show(request: HttpRequest, vc: str) -> HttpResponse:
     raise ApiError("NoVirtualClusterError", f"Virtual cluster {vc} is not found.")
 
 
+@handler(Access.USER)
+def _sku_types(request: HttpRequest) -> HttpResponse:
+    """OpenPAI's /cluster/sku-types[?vc=]: every signed-in user may read
+    them, as they may read every virtual cluster."""
+    vc = request.GET.get("vc") or None
+    units = cluster_sku_types(vc=vc)
+    if units is None:
+        raise ApiError("NoVirtualClusterError", f"Virtual cluster {vc} is not found (the vc parameter).")
+    return ok({kind: serializers.sku_type(unit) for kind, unit in units.items()})
+
+
 virtual_clusters = resource(GET=_list)
 virtual_cluster = resource(GET=_show)
+sku_types = resource(GET=_sku_types)

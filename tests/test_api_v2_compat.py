@@ -1,8 +1,9 @@
 """OpenPAI REST compatibility of the v2 API, through Django's test client:
-a job as it was at one of its attempts (`.../attempts/<jobAttemptId>`)
-and the cluster's SKU types (`/cluster/sku-types?vc=`).
+a job as it was at one of its attempts (`.../attempts/<jobAttemptId>`),
+the cluster's SKU types (`/cluster/sku-types?vc=`) and `hasGithubPAT` in
+v1's user entries.
 
-Users: alice (owner), bob (another user); each test makes its own.
+Users: alice (owner), bob (another user), an admin; each test makes its own.
 """
 
 from __future__ import annotations
@@ -115,3 +116,13 @@ def test_sku_types_need_a_signed_in_caller_and_leave_out_nodes_not_ready(alice, 
     assert Client().get("/api/v2/cluster/sku-types").status_code == 401
     Node.objects.filter(name__endswith=gpu_nodes).update(last_heartbeat=timezone.now() - timedelta(days=1))
     assert gpu_nodes not in _api(alice).get("/api/v2/cluster/sku-types").json()
+
+
+def test_v1_user_entries_say_whether_a_github_token_is_set(alice, bob, admin_user):
+    # The portal keeps no GitHub personal access token: always false.
+    me = _api(alice).get(f"/api/v1/user/{alice.username}").json()
+    assert me["hasGithubPAT"] is False
+    listed = _api(admin_user).get("/api/v1/user").json()
+    assert listed and all(entry["hasGithubPAT"] is False for entry in listed)
+    assert _api(bob).get(f"/api/v1/user/{alice.username}").status_code == 403
+    assert Client().get(f"/api/v1/user/{alice.username}").status_code == 401

@@ -319,7 +319,8 @@ def _schemas() -> dict[str, Schema]:
         "UserVirtualClusters": obj({"virtualClusters": {
             "oneOf": [{"type": "string", "description": "names separated by commas"},
                       {"type": "array", "items": STRING}]}}, ["virtualClusters"]),
-        "User": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN, "virtualCluster": STRING},
+        "User": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN, "virtualCluster": STRING,
+                     "hasGithubPAT": {"type": "boolean", "description": "always false: no GitHub token is kept"}},
                     ["username", "admin", "virtualCluster"]),
         "Webhook": obj({"url": nullable({"type": "string", "description": "null when none is set"})}, ["url"]),
         "WebhookChange": obj({

@@ -219,7 +219,9 @@ def user(user: User, usable: list[str]) -> dict[str, Any]:
     """OpenPAI's user, whose `virtualCluster` lists every virtual cluster the
     user may submit to, comma-separated, "default" first (OpenPAI's SDK
     splits it to find where a user can run)."""
-    return {**user_v2(user, usable), "virtualCluster": ",".join(_default_first(usable))}
+    # hasGithubPAT: OpenPAI's v1 user entries said whether a GitHub token
+    # was set (PUT .../githubPAT); the portal keeps none.
+    return {**user_v2(user, usable), "virtualCluster": ",".join(_default_first(usable)), "hasGithubPAT": False}
 
 
 def user_v2(user: User, usable: list[str]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """OpenPAI REST compatibility of the v2 API, through Django's test client:
 a job as it was at one of its attempts (`.../attempts/<jobAttemptId>`),
-the cluster's SKU types (`/cluster/sku-types?vc=`) and `hasGithubPAT` in
-v1's user entries.
+the cluster's SKU types (`/cluster/sku-types?vc=`), `hasGithubPAT` in v1's
+user entries, and the job list's `order` (an unknown one is ignored, as
+OpenPAI's rest-server ignores it).
 
 Users: alice (owner), bob (another user), an admin; each test makes its own.
 """
@@ -126,3 +127,20 @@ def test_v1_user_entries_say_whether_a_github_token_is_set(alice, bob, admin_use
     assert listed and all(entry["hasGithubPAT"] is False for entry in listed)
     assert _api(bob).get(f"/api/v1/user/{alice.username}").status_code == 403
     assert Client().get(f"/api/v1/user/{alice.username}").status_code == 401
+
+
+def test_an_unknown_order_is_ignored_as_openpai_ignores_it(alice):
+    now = timezone.now()
+    for age, name in ((3, "b_oldest"), (2, "c_middle"), (1, "a_newest")):
+        ended_job(alice, name, submitted_at=now - timedelta(minutes=age))
+    api = _api(alice)
+
+    def names(order: str) -> list[str]:
+        answer = api.get("/api/v2/jobs", {"order": order})
+        assert answer.status_code == 200, answer.content
+        return [job["name"] for job in answer.json()]
+
+    newest_first = ["a_newest", "c_middle", "b_oldest"]
+    assert names("jobName,ASC") == ["a_newest", "b_oldest", "c_middle"]
+    for unknown in ("password,ASC", "jobName,SIDEWAYS", "", ",", "x" * 5000):
+        assert names(unknown) == newest_first, unknown

@@ -29,7 +29,8 @@ def _list_parameters() -> list[Schema]:
         query_param("offset", "jobs to skip", {"type": "integer", "minimum": 0}),
         query_param("limit", "page size (default and most: 1000)", {"type": "integer", "minimum": 1, "maximum": 1000}),
         query_param("order", "<field>[,ASC|DESC]: jobName, username, vc, state, submissionTime (default, DESC), "
-                             "completionTime, retries, totalGpuNumber, totalTaskNumber", STRING),
+                             "completionTime, retries, totalGpuNumber, totalTaskNumber; any other value is the default, as "
+                             "OpenPAI ignores it", STRING),
         query_param("withTotalCount", "true: answer {totalCount, data}", {"type": "string", "enum": ["true", "false"]}),
     ]
 

@@ -70,12 +70,13 @@ def _filtered(request: HttpRequest) -> QuerySet[Job]:
 
 
 def _order(order: str | None) -> list[str]:
-    """`order=submissionTime,DESC` (the default) or any of ORDER_FIELDS."""
-    if not order:
-        return ["-submitted_at", "-id"]
-    field, _, direction = order.partition(",")
+    """`order=<field>[,ASC|DESC]` with a field of ORDER_FIELDS; anything else
+    is the default, submissionTime,DESC: OpenPAI's rest-server ignores an
+    order it does not know rather than refusing it, and its clients count on
+    that. The id last makes the order total, so pages split no ties."""
+    field, _, direction = (order or "").partition(",")
     if field not in ORDER_FIELDS or direction.upper() not in ("", "ASC", "DESC"):
-        raise invalid(f"order must be <field>[,ASC|DESC] with a field of {', '.join(ORDER_FIELDS)}.")
+        return ["-submitted_at", "-id"]
     sign = "-" if direction.upper() == "DESC" else ""
     return [sign + ORDER_FIELDS[field], sign + "id"]
 

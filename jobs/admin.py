@@ -9,11 +9,12 @@ from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.models import Group
 from django.contrib.auth.views import PasswordChangeView
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
-from jobs import services
+from jobs import keys, services
 from jobs.login_forms import RateLimitedAdminLoginForm, RateLimitedAdminPasswordChangeForm
 from jobs.models import (
     GPUS_EXAMPLE,
@@ -233,11 +234,17 @@ class JobAdmin(admin.ModelAdmin):
     list_display = ("name", "owner", "virtual_cluster", "state", "submitted_at", "attempt_number", "total_tasks", "total_gpus")
     list_filter = ("state", "virtual_cluster")
     search_fields = ("name", "owner__username")
-    readonly_fields = ("config_raw", "config", "warnings", "ssh_public_key", "submitted_at", "started_at", "finished_at",
-                       *EXIT_TRIGGER_FIELDS)
+    # A job runs as its owner (their SSH keys in its containers, their
+    # storage, their limits): moving one to another account is acting for
+    # it, and jobs are made by submitting them (finding 26).
+    readonly_fields = ("owner", "config_raw", "config", "warnings", "ssh_public_key", "submitted_at", "started_at",
+                       "finished_at", *EXIT_TRIGGER_FIELDS)
     exclude = ("ssh_private_key", "secrets_sealed")
     inlines = [JobAttemptInline]
     actions = ["stop_jobs"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
     def get_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
         """The trigger beside the exit fields, not at the end of the form
@@ -290,9 +297,54 @@ class ApiTokenAdmin(admin.ModelAdmin):
         self.message_user(request, f"Revoked {revoked} token(s).")
 
 
+class SshKeyAdminForm(forms.ModelForm):
+    """The key is checked as the Profile page checks it: what is stored is
+    written into authorized_keys, where a second line or options before the
+    key would grant more than the one key the page shows."""
+
+    class Meta:
+        model = SshKey
+        fields = ("user", "title", "public_key")
+
+    def clean_public_key(self) -> str:
+        try:
+            line, self.fingerprint = keys.check_public_key(self.cleaned_data["public_key"])
+        except keys.BadPublicKey as exc:
+            raise forms.ValidationError(f"public_key: {exc}") from None
+        return line
+
+    def save(self, commit: bool = True) -> SshKey:
+        self.instance.fingerprint = self.fingerprint
+        return super().save(commit)
+
+
 @admin.register(SshKey)
 class SshKeyAdmin(admin.ModelAdmin):
+    """A key is authorized in its user's task containers: adding one to an
+    account is signing in as it. Portal admins manage anyone's keys; other
+    staff, whatever model permissions they hold, only their own (SECURITY.md,
+    finding 26). The queryset hides others' keys (so their pages 404 and
+    actions skip them) and the user field offers only oneself, so a crafted
+    POST naming another user fails the form."""
+
+    form = SshKeyAdminForm
     list_display = ("title", "user", "fingerprint", "created_at")
+    readonly_fields = ("fingerprint", "created_at")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[SshKey]:
+        keys_ = super().get_queryset(request)
+        return keys_ if request.user.is_admin else keys_.filter(user=request.user)
+
+    def formfield_for_foreignkey(self, db_field, request: HttpRequest, **kwargs):
+        if db_field.name == "user" and not request.user.is_admin:
+            kwargs["queryset"] = User.objects.filter(pk=request.user.pk)
+            kwargs["initial"] = request.user.pk
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def save_model(self, request: HttpRequest, obj: SshKey, form, change: bool) -> None:
+        if obj.user_id != request.user.pk and not request.user.is_admin:
+            raise PermissionDenied  # the form's choices already refuse it: a second lock
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(TerminalSession)

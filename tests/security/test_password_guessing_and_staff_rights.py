@@ -1,8 +1,9 @@
-"""Findings 22-24: ways around the failed-login limit (a username spelled
+"""Findings 22-24 and 26: ways around the failed-login limit (a username spelled
 another way the login forms read as the same; the current password asked
 by a password change, guessed with a stolen token or session), and a staff
 user who may change users or groups giving themselves a portal admin's
-rights or taking over an admin in the Django admin."""
+rights or taking over an admin in the Django admin, or who may change SSH
+keys or jobs acting for another account."""
 
 from __future__ import annotations
 
@@ -190,3 +191,95 @@ def test_a_portal_admin_still_gives_rights_in_the_django_admin(make_user, admin_
     data = {**_change_form_data(client, alice), "user_permissions": [admin_right.pk]}
     assert client.post(f"/admin/jobs/user/{alice.pk}/change/", data).status_code == 302
     assert User.objects.get(pk=alice.pk).is_admin
+
+
+# Finding 26: a staff user acting for another account through the Django
+# admin's models that belong to a user (SSH keys, jobs).
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl staff@laptop"
+OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ7eS0QlyLq1NtEp0aDC6EbYb1x7gS1l3mPcOp1vQ2aG alice@laptop"
+KEY_RIGHTS = ("view_sshkey", "add_sshkey", "change_sshkey", "delete_sshkey")
+
+
+@pytest.mark.parametrize("victim", ["admin_user", "alice"])
+def test_a_staff_user_who_may_add_ssh_keys_cannot_add_one_to_another_account(make_user, victim, request):
+    """The key would be authorized in the victim's next task containers:
+    an SSH login as them, to their code, data and secrets."""
+    from jobs.models import SshKey
+
+    owner = request.getfixturevalue(victim)
+    staff, client = _staff_with(make_user, *KEY_RIGHTS)
+    response = client.post("/admin/jobs/sshkey/add/", {"user": owner.pk, "title": "mine", "public_key": KEY,
+                                                       "fingerprint": "", "created_at_0": "2024-01-01",
+                                                       "created_at_1": "00:00:00"})
+    assert response.status_code == 200  # the form again, naming the field
+    assert "user" in response.context["adminform"].form.errors
+    assert not SshKey.objects.filter(user=owner).exists()
+
+
+def test_a_staff_user_who_may_change_ssh_keys_cannot_see_move_or_delete_anothers(make_user, alice):
+    from jobs.models import SshKey
+    from jobs.services import access
+
+    theirs = access.ssh_key_add(user=alice, title="laptop", public_key=OTHER_KEY)
+    staff, client = _staff_with(make_user, *KEY_RIGHTS)
+    mine = access.ssh_key_add(user=staff, title="mine", public_key=KEY)
+    listing = client.get("/admin/jobs/sshkey/").content.decode()
+    assert "mine" in listing and "laptop" not in listing
+    assert client.get(f"/admin/jobs/sshkey/{theirs.pk}/change/").status_code in (302, 404)
+    client.post(f"/admin/jobs/sshkey/{theirs.pk}/delete/", {"post": "yes"})
+    client.post("/admin/jobs/sshkey/", {"action": "delete_selected", "_selected_action": [theirs.pk], "post": "yes"})
+    assert SshKey.objects.filter(pk=theirs.pk).exists()
+    # Their own key, given to alice by a crafted POST.
+    client.post(f"/admin/jobs/sshkey/{mine.pk}/change/", {"user": alice.pk, "title": "mine", "public_key": KEY,
+                                                           "fingerprint": mine.fingerprint,
+                                                           "created_at_0": "2024-01-01", "created_at_1": "00:00:00"})
+    assert SshKey.objects.get(pk=mine.pk).user_id == staff.pk
+
+
+def test_a_staff_user_who_may_add_ssh_keys_adds_their_own_and_an_admin_anyones(make_user, admin_user, alice):
+    from jobs.models import SshKey
+
+    staff, client = _staff_with(make_user, *KEY_RIGHTS)
+    data = {"title": "laptop", "public_key": KEY, "created_at_0": "2024-01-01", "created_at_1": "00:00:00"}
+    response = client.post("/admin/jobs/sshkey/add/", {**data, "user": staff.pk})
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert SshKey.objects.get(user=staff).fingerprint.startswith("SHA256:")
+    admins = Client()
+    admins.force_login(admin_user)
+    assert admins.post("/admin/jobs/sshkey/add/", {**data, "user": alice.pk}).status_code == 302
+    assert SshKey.objects.filter(user=alice).exists()
+
+
+def test_the_django_admin_refuses_a_key_that_is_not_one_public_key_line(admin_user, alice):
+    """What is stored is written into authorized_keys: a second line or
+    options before the key would be more than the key the page shows."""
+    from jobs.models import SshKey
+
+    client = Client()
+    client.force_login(admin_user)
+    for bad in (KEY + "\n" + OTHER_KEY, 'command="sh" ' + KEY, "not a key"):
+        response = client.post("/admin/jobs/sshkey/add/", {"user": alice.pk, "title": "x", "public_key": bad,
+                                                           "created_at_0": "2024-01-01", "created_at_1": "00:00:00"})
+        assert response.status_code == 200 and "public_key" in response.context["adminform"].form.errors
+    assert not SshKey.objects.filter(user=alice).exists()
+
+
+def test_a_staff_user_who_may_change_jobs_cannot_give_a_job_another_owner(make_user, alice):
+    """A job starts with its owner's SSH keys, storage and name: moving
+    alice's waiting job to oneself lets one log in to it; one's own job to
+    alice runs it as her."""
+    from jobs.models import Job
+    from tests.helpers import config, role, submit
+
+    staff, client = _staff_with(make_user, "view_job", "change_job", "add_job")
+    job = submit(alice, config("moved", role(command="true", gpus=1), gpuType="NOWHERESTAFF"))
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/")
+    assert page.status_code == 200
+    form = page.context["adminform"].form
+    assert "owner" not in form.fields
+    data = {name: form[name].value() for name in form.fields}
+    data = {name: value for name, value in data.items() if value is not None}
+    client.post(f"/admin/jobs/job/{job.pk}/change/", {**data, "owner": staff.pk})
+    assert Job.objects.get(pk=job.pk).owner_id == alice.pk
+    assert client.get("/admin/jobs/job/add/").status_code == 403

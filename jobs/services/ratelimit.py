@@ -18,6 +18,9 @@ same counts.
 If the cache is unreachable the limiter lets logins through: a Redis outage
 must not lock everyone out of the portal.
 
+Credentials that name no account (node join tokens) count only the first
+kind's per-address counter (address_wait_seconds and its neighbours).
+
 Second, plain per-user action limits (action_wait_seconds), such as the
 Submit page's live check of the config as it is typed and API submissions
 per user, counted in Redis directly (one round trip per action).
@@ -98,32 +101,41 @@ def _counters(username: str, address: str) -> list[tuple[tuple[str, str], int]]:
 
 def login_wait_seconds(*, username: str, address: str) -> int:
     """0 if a login may be tried now, else how many seconds to wait."""
-    window = settings.LOGIN_FAILURE_WINDOW_SECONDS
     try:
         counters = _counters(username, address)
         if cache.get(_trusted_key(username, address)):
             counters = counters[:2]  # the owner's own place: strangers' failures do not count here
-        for (count_key, since_key), allowed in counters:
-            values = cache.get_many([count_key, since_key])
-            if int(values.get(count_key) or 0) >= allowed:
-                since = float(values.get(since_key) or time.time())
-                return max(1, int(since + window - time.time()) + 1)
+        return _wait_for(counters)
     except Exception:  # the cache is down: let the login through (see above)
         log.warning("login rate limit unavailable", exc_info=True)
     return 0
 
 
-def login_failed(*, username: str, address: str) -> None:
+def _wait_for(counters: list[tuple[tuple[str, str], int]]) -> int:
     window = settings.LOGIN_FAILURE_WINDOW_SECONDS
+    for (count_key, since_key), allowed in counters:
+        values = cache.get_many([count_key, since_key])
+        if int(values.get(count_key) or 0) >= allowed:
+            since = float(values.get(since_key) or time.time())
+            return max(1, int(since + window - time.time()) + 1)
+    return 0
+
+
+def login_failed(*, username: str, address: str) -> None:
     try:
-        for (count_key, since_key), _allowed in _counters(username, address):
-            # add() only sets a missing key: the window starts at the first
-            # failure and is not pushed back by later ones.
-            cache.add(since_key, time.time(), timeout=window)
-            cache.add(count_key, 0, timeout=window)
-            cache.incr(count_key)
+        _count_failure(_counters(username, address))
     except Exception:
         log.warning("login rate limit unavailable", exc_info=True)
+
+
+def _count_failure(counters: list[tuple[tuple[str, str], int]]) -> None:
+    window = settings.LOGIN_FAILURE_WINDOW_SECONDS
+    for (count_key, since_key), _allowed in counters:
+        # add() only sets a missing key: the window starts at the first
+        # failure and is not pushed back by later ones.
+        cache.add(since_key, time.time(), timeout=window)
+        cache.add(count_key, 0, timeout=window)
+        cache.incr(count_key)
 
 
 def login_succeeded(*, username: str, address: str) -> None:
@@ -149,6 +161,42 @@ def login_reset(*, username: str = "", address: str = "") -> None:
         cache.delete_many(keys)
     except Exception:
         log.warning("login rate limit unavailable", exc_info=True)
+
+
+# Failed credentials that name no account (a node's join token): counted per
+# client address only, LOGIN_FAILURES_ALLOWED per window, in counters of
+# their own kind. There is no count over all addresses as a username has:
+# such a count is one an attacker fills from addresses of their own to hold
+# up everyone else, and a secret of 256 random bits needs none (finding 27).
+
+
+def _address_counters(kind: str, address: str) -> list[tuple[tuple[str, str], int]]:
+    return [(_keys(f"{kind}:addr", address), settings.LOGIN_FAILURES_ALLOWED)]
+
+
+def address_wait_seconds(*, kind: str, address: str) -> int:
+    """0 if `address` may try a `kind` credential now, else how many seconds to wait."""
+    try:
+        return _wait_for(_address_counters(kind, address))
+    except Exception:  # the cache is down: let it through, as logins
+        log.warning("rate limit unavailable", exc_info=True)
+    return 0
+
+
+def address_failed(*, kind: str, address: str) -> None:
+    try:
+        _count_failure(_address_counters(kind, address))
+    except Exception:
+        log.warning("rate limit unavailable", exc_info=True)
+
+
+def address_reset(*, kind: str, address: str) -> None:
+    """Forget the address's count: a right credential (a node that mistyped
+    its token before), an admin, tests."""
+    try:
+        cache.delete_many(list(_keys(f"{kind}:addr", address)))
+    except Exception:
+        log.warning("rate limit unavailable", exc_info=True)
 
 
 # One command instead of a MULTI of four: the same steps, atomic as a

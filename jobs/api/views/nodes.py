@@ -15,9 +15,10 @@ from jobs.models import ACTIVE_TASK_STATES, Node, NodeJoinToken, TaskAttempt
 from jobs.services import join_tokens, nodes, ratelimit
 from jobs.services.node_settings import node_settings, node_settings_warnings
 
-# Failed joins count under this name in the failed-login limits, per client
-# address: guessing tokens is limited like guessing passwords.
-JOIN_LIMIT_NAME = "<node join>"
+# Failed joins count under this kind, per client address only: guessing
+# tokens from one address is held up like guessing passwords, and no one's
+# failures hold up a node joining from another address (ratelimit.py).
+JOIN_LIMIT_NAME = "node-join"
 
 
 def _node_json(node: Node, active: int) -> dict:
@@ -135,18 +136,17 @@ def _join_key(request: HttpRequest) -> str:
 @handler(Access.PUBLIC)  # the join token is the credential, checked here
 def _join(request: HttpRequest) -> HttpResponse:
     address = ratelimit.client_address(request)
-    wait = ratelimit.login_wait_seconds(username=JOIN_LIMIT_NAME, address=address)
+    wait = ratelimit.address_wait_seconds(kind=JOIN_LIMIT_NAME, address=address)
     if wait:
         raise ApiError("TooManyRequestsError", f"Too many refused join tokens from {address}; try again in {wait} "
                                                "seconds.", headers={"Retry-After": str(wait)})
     try:
         token = join_tokens.join_token_use(_join_key(request), client=address)
     except join_tokens.JoinTokenError as exc:
-        ratelimit.login_failed(username=JOIN_LIMIT_NAME, address=address)
+        ratelimit.address_failed(kind=JOIN_LIMIT_NAME, address=address)
         raise ApiError("InvalidJoinTokenError", f"Join refused: {exc.message}", status=401,
                        headers={"WWW-Authenticate": 'Bearer realm="node-join"'}, extra={"reason": exc.reason}) from None
-    # A good token trusts its address, so others' failures elsewhere never lock it out (ratelimit.py).
-    ratelimit.login_succeeded(username=JOIN_LIMIT_NAME, address=address)
+    ratelimit.address_reset(kind=JOIN_LIMIT_NAME, address=address)
     values = node_settings()
     return ok({"settings": values, "warnings": node_settings_warnings(values),
                "tokenExpiresAt": token.expires_at.isoformat()}, headers={"Cache-Control": "no-store"})

@@ -38,15 +38,31 @@ from jobs.addresses import Address, is_public
 # multicast ...).
 PUBLIC = "public"
 SIGNATURE_HEADER = "X-Portal-Signature"
+DELIVERY_HEADER = "X-Portal-Delivery"
+TIMESTAMP_HEADER = "X-Portal-Timestamp"
+SIGNATURE_VERSION = "v1"
 MAX_URL_LENGTH = 2000
 USER_AGENT = "gpu-job-portal-webhook/1"
 _MAX_STATUS_BYTES = 8192
 _MAX_INTERIM = 10  # interim (1xx) answers read past before the final one
 
 
-def sign(body: bytes, secret: str) -> str:
-    """The signature header's value: HMAC-SHA256 of the raw body."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def sign(*, delivery_id: str, timestamp: int, body: bytes, secret: str) -> str:
+    """The signature header's value: "v1=" and the hex HMAC-SHA256, with the
+    secret, of "<delivery id>.<timestamp>.<raw body>" (the Standard Webhooks
+    scheme's signed content). The body alone would let a captured delivery
+    be sent again, any time, under another delivery id, and pass a
+    receiver that drops repeats by id (SECURITY.md, finding 29)."""
+    signed = f"{delivery_id}.{timestamp}.".encode() + body
+    return f"{SIGNATURE_VERSION}=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def signed_headers(*, delivery_id: str, body: bytes, secret: str, now: float | None = None) -> dict[str, str]:
+    """The headers that let a receiver check a delivery, signed at `now`
+    (each try is signed when made: a retry hours later is still fresh)."""
+    timestamp = int(time.time() if now is None else now)
+    return {DELIVERY_HEADER: delivery_id, TIMESTAMP_HEADER: str(timestamp),
+            SIGNATURE_HEADER: sign(delivery_id=delivery_id, timestamp=timestamp, body=body, secret=secret)}
 
 
 # ------------------------------------------------------------------ addresses

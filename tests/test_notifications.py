@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from datetime import datetime, timedelta
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -49,9 +50,11 @@ class Receiver:
     """A webhook receiver on 127.0.0.1. Records every request; answers each
     with the next of `statuses` (then 200), after `delay` seconds."""
 
-    def __init__(self, statuses: tuple[int, ...] = (), delay: float = 0.0, location: str = "") -> None:
+    def __init__(self, statuses: tuple[int, ...] = (), delay: float = 0.0, location: str = "",
+                 judge: Callable[[dict, bytes], int] | None = None) -> None:
         self.requests: list[dict] = []
         self.statuses = list(statuses)
+        self.judge = judge  # answers instead of `statuses`, from the request's headers and body
         self.delay = delay
         self.location = location
         self.lock = threading.Lock()
@@ -65,10 +68,13 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                headers = {k.lower(): v for k, v in self.headers.items()}
                 with receiver.lock:
-                    receiver.requests.append({"path": self.path, "body": body,
-                                              "headers": {k.lower(): v for k, v in self.headers.items()}})
-                    status = receiver.statuses.pop(0) if receiver.statuses else 200
+                    receiver.requests.append({"path": self.path, "body": body, "headers": headers})
+                    if receiver.judge is not None:
+                        status = receiver.judge(headers, body)
+                    else:
+                        status = receiver.statuses.pop(0) if receiver.statuses else 200
                 time.sleep(receiver.delay)
                 self.send_response(status)
                 if receiver.location:
@@ -94,12 +100,30 @@ class Receiver:
         self.server.server_close()
 
 
+TOLERANCE_SECONDS = 300  # a receiver's choice; README suggests five minutes
+
+
+def signature_problem(headers: dict[str, str], body: bytes, secret: str = SECRET, now: float | None = None) -> str:
+    """What a receiver finds wrong with a delivery, checked as README's
+    "Webhooks and e-mail" tells receivers to: "" when it is the portal's,
+    signed now."""
+    delivery, stamp = headers.get("x-portal-delivery", ""), headers.get("x-portal-timestamp", "")
+    if not delivery or not stamp.isdigit():
+        return "no delivery id or timestamp"
+    if abs((time.time() if now is None else now) - int(stamp)) > TOLERANCE_SECONDS:
+        return "timestamp outside the tolerance"
+    signed = f"{delivery}.{stamp}.".encode() + body
+    expected = "v1=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    if not any(hmac.compare_digest(given.strip(), expected) for given in headers.get("x-portal-signature", "").split(",")):
+        return "bad signature"
+    return ""
+
+
 def events(requests: list[dict]) -> dict[str, dict]:
     """The posted events by state, each checked for its signature."""
     found = {}
     for request in requests:
-        expected = "sha256=" + hmac.new(SECRET.encode(), request["body"], hashlib.sha256).hexdigest()
-        assert request["headers"]["x-portal-signature"] == expected
+        assert signature_problem(request["headers"], request["body"]) == ""
         assert request["headers"]["content-type"] == "application/json"
         event = json.loads(request["body"])
         found[event["state"]] = event
@@ -151,9 +175,16 @@ def waiting_job(owner, **top):
 # ------------------------------------------------------------ the seams
 
 
-def test_it_signs_the_raw_body_with_hmac_sha256():
+def test_it_signs_the_delivery_id_the_timestamp_and_the_raw_body_with_hmac_sha256():
+    """Finding 29: a signature of the body alone let a captured delivery be
+    sent again, at any time, under any delivery id (a receiver dropping
+    repeats by id took it for new)."""
     body = b'{"event":"jobStateChanged"}'
-    assert webhooks.sign(body, "k" * 16) == "sha256=" + hmac.new(b"k" * 16, body, hashlib.sha256).hexdigest()
+    headers = webhooks.signed_headers(delivery_id="42", body=body, secret="k" * 16, now=1700000000.9)
+    assert headers == {
+        "X-Portal-Delivery": "42", "X-Portal-Timestamp": "1700000000",
+        "X-Portal-Signature": "v1=" + hmac.new(b"k" * 16, b"42.1700000000." + body, hashlib.sha256).hexdigest()}
+    assert signature_problem({k.lower(): v for k, v in headers.items()}, body, "k" * 16, now=1700000100) == ""
 
 
 @pytest.mark.parametrize("address", [
@@ -210,7 +241,7 @@ def test_the_portals_default_is_public_addresses_only(tmp_path):
 
 def test_a_loopback_receiver_is_refused_by_default_and_reached_when_allowed(receiver, settings):
     hook = receiver()
-    body, headers = b"{}", {webhooks.SIGNATURE_HEADER: webhooks.sign(b"{}", SECRET)}
+    body, headers = b"{}", webhooks.signed_headers(delivery_id="1", body=b"{}", secret=SECRET)
     for url in (hook.url, hook.url.replace("127.0.0.1", "localhost")):
         refused = webhooks.post(url, body, headers, networks=["public"], timeout=5)
         assert (refused.delivered, refused.refused, refused.retry) == (False, True, False)
@@ -469,6 +500,46 @@ def test_a_stop_sends_who_stopped_the_job_and_no_task(drain, receiver, alice, no
     assert triggers(by_job[(reclaimed.name, State.STOPPED)]) == (lifecycle.IDLE_GPUS_TRIGGER.message, None, None)
 
 
+def test_a_receiver_that_checks_as_documented_refuses_a_captured_delivery_replayed(drain, receiver, alice):
+    """Finding 29, at a real receiver on loopback that verifies as README
+    says and remembers the delivery ids it took within its tolerance: the
+    portal's delivery passes; the same bytes sent again under another
+    delivery id, with another timestamp, or later than the tolerance are
+    refused, and under its own id it is a repeat, acknowledged, not acted on."""
+    taken: list[str] = []
+    repeats: list[str] = []
+
+    def judge(headers: dict, body: bytes) -> int:
+        if signature_problem(headers, body):
+            return 401
+        (repeats if headers["x-portal-delivery"] in taken else taken).append(headers["x-portal-delivery"])
+        return 200
+
+    hook = receiver(judge=judge)
+    notifications.webhook_set(user=alice, url=hook.url, secret=SECRET)
+    services.job_stop(job=waiting_job(alice), by=alice)
+    drain()
+    delivery = NotificationDelivery.objects.get(user=alice)
+    assert (delivery.status, delivery.response_code) == (Status.DELIVERED, 200)
+    captured = hook.wait(1)[0]
+    assert taken == [str(delivery.pk)]
+
+    def replay(**changed: str) -> webhooks.Outcome:
+        headers = {"X-Portal-Delivery": captured["headers"]["x-portal-delivery"],
+                   "X-Portal-Timestamp": captured["headers"]["x-portal-timestamp"],
+                   "X-Portal-Signature": captured["headers"]["x-portal-signature"], **changed}
+        return webhooks.post(hook.url, captured["body"], headers, networks=["127.0.0.0/8"], timeout=5)
+
+    assert replay(**{"X-Portal-Delivery": str(delivery.pk + 1000)}).status == 401
+    assert replay(**{"X-Portal-Timestamp": str(int(time.time()) + 60)}).status == 401
+    assert replay().status == 200 and repeats == [str(delivery.pk)]
+    # Captured long ago, signed then: refused whatever its id.
+    old = webhooks.signed_headers(delivery_id="7777", body=captured["body"], secret=SECRET,
+                                  now=time.time() - 2 * TOLERANCE_SECONDS)
+    assert webhooks.post(hook.url, captured["body"], old, networks=["127.0.0.0/8"], timeout=5).status == 401
+    assert taken == [str(delivery.pk)]
+
+
 def test_a_user_without_a_webhook_costs_no_queued_work(drain, alice, bob, receiver):
     notifications.webhook_set(user=bob, url=receiver().url, secret=SECRET)  # someone else's
     services.job_stop(job=waiting_job(alice), by=alice)
@@ -516,6 +587,9 @@ def test_a_failed_delivery_is_tried_again_after_its_wait(drain, receiver, alice,
     first, second = hook.wait(2)
     assert first["body"] == second["body"]
     assert first["headers"]["x-portal-delivery"] == second["headers"]["x-portal-delivery"] == str(delivery.pk)
+    # Each try is signed when it is made: a retry hours later is within a receiver's tolerance.
+    assert signature_problem(second["headers"], second["body"]) == ""
+    assert int(second["headers"]["x-portal-timestamp"]) >= int(first["headers"]["x-portal-timestamp"])
 
 
 def test_a_receiver_that_is_down_costs_one_try_per_wait_however_many_events(drain, receiver, alice, bob, settings):

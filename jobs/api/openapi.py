@@ -327,7 +327,11 @@ def _schemas() -> dict[str, Schema]:
             "url": {"type": "string", "maxLength": 2000, "description": "http:// or https://; its host must resolve "
                     "inside WEBHOOK_ALLOWED_NETWORKS (public addresses by default) when a delivery is made"},
             "secret": {"type": "string", "minLength": 16, "maxLength": 256,
-                       "description": "deliveries carry X-Portal-Signature: sha256=<HMAC-SHA256 of the body>"},
+                       "description": "deliveries carry X-Portal-Delivery (the delivery's id, the same on each "
+                       "try), X-Portal-Timestamp (Unix seconds of the try) and X-Portal-Signature: v1=<hex "
+                       "HMAC-SHA256 with this secret of '<delivery>.<timestamp>.<raw body>'>. A receiver "
+                       "refuses a timestamp outside its tolerance (e.g. 5 minutes), compares the signature "
+                       "in constant time, and drops a delivery id it has already taken (README, Webhooks)."},
         }, ["url", "secret"]),
         "UserDetail": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN, "virtualCluster": STRING,
                            "virtualClusters": {"type": "array", "items": STRING}},
@@ -463,7 +467,9 @@ def _paths() -> dict[str, Schema]:
                                          '"state", "previousState", "exitReason", "appExitTriggerMessage", '
                                          '"appExitTriggerTaskRoleName", "appExitTriggerTaskIndex", "time", "url"}` '
                                          "(the appExitTrigger* as in the job status: null for RUNNING and for a "
-                                         "stop's task), signed with the secret (X-Portal-Signature), and tries again "
+                                         "stop's task), signed with the secret over the delivery id, the try's timestamp "
+                                         "and the body (X-Portal-Delivery, X-Portal-Timestamp, X-Portal-Signature: "
+                                         "see WebhookChange.secret), and tries again "
                                          "a few times on failure."),
             "delete": operation("Remove a user's webhook", {**answer(200, "Removed (or there was none).", message),
                                                             **errors(400, 401, 403)}, tag="users"),

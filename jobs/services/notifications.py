@@ -18,8 +18,9 @@ Three parts, in the order an event meets them:
   after the next wait of WEBHOOK_RETRY_SECONDS (queues.schedule_delivery_retry,
   moved back onto the queue by the agents' heartbeats).
 
-Webhook bodies are signed with the user's secret (jobs/webhooks.py, which
-also keeps deliveries inside WEBHOOK_ALLOWED_NETWORKS). The Profile page and
+Webhook deliveries are signed with the user's secret, their id and the
+time of the try with the body (jobs/webhooks.py, which also keeps
+deliveries inside WEBHOOK_ALLOWED_NETWORKS). The Profile page and
 `/api/v1/user/{user}/webhook` change the settings through the functions at
 the top.
 """
@@ -443,8 +444,8 @@ def _send_webhook(delivery: NotificationDelivery) -> tuple[str, webhooks.Outcome
         return row.webhook_url, webhooks.Outcome(False, retry=False, message="the webhook's secret was sealed with "
                                                  "a secret key this portal no longer has: set the webhook again")
     body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
-    headers = {webhooks.SIGNATURE_HEADER: webhooks.sign(body, secret), "X-Portal-Event": delivery.payload["event"],
-               "X-Portal-Delivery": str(delivery.pk)}
+    headers = {"X-Portal-Event": delivery.payload["event"],
+               **webhooks.signed_headers(delivery_id=str(delivery.pk), body=body, secret=secret)}
     outcome = webhooks.post(row.webhook_url, body, headers, networks=settings.WEBHOOK_ALLOWED_NETWORKS,
                             timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
     return row.webhook_url, outcome

@@ -559,7 +559,8 @@ class TaskAttempt(models.Model):
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attempts")
     job_attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="task_attempts")
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="task_attempts")
+    # No index of its own: task_attempt_job_number_idx starts with it.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="task_attempts", db_index=False)
     number = models.PositiveIntegerField(help_text="The job attempt number.")
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="task_attempts")
     node_name = models.CharField(max_length=64, blank=True)
@@ -592,6 +593,9 @@ class TaskAttempt(models.Model):
         indexes = [
             models.Index(fields=["node", "state"], name="task_attempt_node_state_idx"),
             models.Index(fields=["state"], name="task_attempt_state_idx"),
+            # One job attempt's tasks (the job page, status calls, usage):
+            # a job may hold 1,000 tasks times 100 retries.
+            models.Index(fields=["job", "number"], name="task_attempt_job_number_idx"),
         ]
         ordering = ["id"]
 

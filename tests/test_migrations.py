@@ -32,12 +32,14 @@ def test_log_lines_are_indexed_once_by_attempt() -> None:
 
 COVERED = [("jobs_job", "owner_id", ("owner_id", "name")),
            ("jobs_task", "job_id", ("job_id", "role", "index")),
-           ("jobs_jobattempt", "job_id", ("job_id", "number"))]
+           ("jobs_jobattempt", "job_id", ("job_id", "number")),
+           ("jobs_taskattempt", "job_id", ("job_id", "number"))]
 
 
 def test_jobs_tasks_and_attempts_are_indexed_once_by_their_foreign_key() -> None:
-    # Migration 0017: each column starts a unique index, which serves the
-    # lookups; its own second index only slowed every submission.
+    # Migrations 0017 and 0022: each column starts an index (unique but for
+    # task attempts'), which serves the lookups; its own second index only
+    # slowed every submission.
     for table, column, unique in COVERED:
         indexed = _indexed(table)
         assert unique in indexed, table
@@ -69,3 +71,10 @@ def test_lookups_by_those_foreign_keys_still_use_an_index() -> None:
             assert "Index" in plan and "Seq Scan" not in plan, (table, plan)
         else:
             assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, (table, plan)
+
+
+def test_one_job_attempts_tasks_are_read_along_their_index() -> None:
+    # Migration 0022: a job of 1,000 tasks and 100 retries holds 100,000
+    # task attempts; its page and status calls read one attempt's 1,000.
+    plan = _plan('SELECT * FROM jobs_taskattempt WHERE "job_id" = 1 AND "number" = 2')
+    assert "task_attempt_job_number_idx" in plan, plan

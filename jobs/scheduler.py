@@ -646,7 +646,10 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
     user_quotas = user_quotas or {}
     decision = Decision()
     index = _NodeIndex(nodes)
-    blocked: dict[str, int] = {}
+    # The job that now goes first in a virtual cluster, and how often it was
+    # overtaken: the real count, which may pass the maximum (the setting was
+    # lowered, or several placements of one pass overtook it).
+    blocked: dict[str, tuple[int, int]] = {}
     passed_over: dict[str, list[JobRequest]] = defaultdict(list)
     # Why a request does not fit, by what it asks for. Until the next
     # placement changes the nodes and quotas, a job asking for exactly the
@@ -672,8 +675,9 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
                 decision.never_fits.add(job.id)
             continue
         if job.vc in blocked:
+            first, times = blocked[job.vc]
             decision.waiting[job.id] = (
-                f"queued behind job #{blocked[job.vc]}, which was overtaken {max_overtakes} times and now "
+                f"queued behind job #{first}, which was overtaken {_count(times, 'time')} and now "
                 f"goes first in virtual cluster '{job.vc}'"
             )
             continue
@@ -687,8 +691,9 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
                     user_quota.take(job)
                 for earlier in passed_over[job.vc]:
                     decision.overtaken[earlier.id] += 1
-                    if earlier.overtaken + decision.overtaken[earlier.id] >= max_overtakes and job.vc not in blocked:
-                        blocked[job.vc] = earlier.id
+                    times = earlier.overtaken + decision.overtaken[earlier.id]
+                    if times >= max_overtakes and job.vc not in blocked:
+                        blocked[job.vc] = (earlier.id, times)
                 continue
             if kind not in hopeless:
                 hopeless[kind] = _never_fits(job, nodes, quota, idle)
@@ -701,5 +706,5 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
             continue
         passed_over[job.vc].append(job)
         if job.overtaken >= max_overtakes:
-            blocked[job.vc] = job.id
+            blocked[job.vc] = (job.id, job.overtaken)
     return decision

@@ -338,3 +338,20 @@ def test_a_running_job_limit_of_zero_can_never_be_met():
     decision = schedule([job(1, r(), owner=7)], [node(1, "a")], big_quota(), max_overtakes=3,
                         user_quotas={("default", 7): UserQuota(max_running_jobs=0)})
     assert 1 in decision.never_fits and "limit of running jobs" in decision.waiting[1]
+
+
+def test_the_queued_behind_message_gives_the_real_overtaken_count():
+    # The maximum was lowered to 3 after job 1 had been overtaken 7 times:
+    # the queue is told 7, not the setting.
+    nodes = [node(1, "a", cpus=4)]
+    nodes[0].used_cpus = 2
+    decision = schedule([job(1, r(cpus=4), overtaken=7), job(2, r(cpus=1))], nodes, big_quota(), max_overtakes=3)
+    assert "queued behind job #1, which was overtaken 7 times" in decision.waiting[2]
+
+
+def test_the_queued_behind_message_counts_the_overtakes_of_this_pass():
+    nodes = [node(1, "a", cpus=4)]
+    nodes[0].used_cpus = 2
+    jobs = [job(1, r(cpus=4), overtaken=0)] + [job(i, r(cpus=1)) for i in range(2, 5)]
+    decision = schedule(jobs, nodes, big_quota(), max_overtakes=1)
+    assert "queued behind job #1, which was overtaken 1 time and" in decision.waiting[3]

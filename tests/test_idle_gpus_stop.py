@@ -24,7 +24,7 @@ from rq import Queue
 
 from jobs import queues, services
 from jobs.models import ExitType, IdleGpus, Job, JobAttempt, NotificationDelivery, State, TaskAttempt, TaskState
-from jobs.services import lifecycle, notifications, usage
+from jobs.services import lifecycle, nodes, notifications, usage
 from jobs.services.lifecycle import ContainerExit
 from tests.cluster import wait_for
 from tests.helpers import config, role, running_attempt, submit, wait_state
@@ -158,6 +158,25 @@ def test_a_user_stop_asked_while_it_is_reclaimed_keeps_the_reason(alice, node, s
     assert services.attempt_record_exit(attempt.pk, ContainerExit(137))
     job = fresh(job)
     assert (job.state, job.exit_type, job.exit_reason) == (State.STOPPED, ExitType.IDLE_GPUS, "idle GPUs reclaimed")
+
+
+def test_a_reclaim_of_a_job_whose_tasks_a_drain_was_stopping_says_reclaimed(alice, admin_user, node,  # noqa: F811
+                                                                            stop_policy):
+    # Every task already had the drain's stop pending, so none was left for
+    # the reclaim to mark: the job ended "stopped by a user", which nobody did.
+    tasks = running_tasks(alice, node, 2, retryCount=3)
+    job = tasks[0].job
+    nodes.node_drain(node=node, by=admin_user, mode="stop")
+    assert lifecycle.job_reclaim_idle_gpus(job_id=job.pk, number=1)
+    for attempt in tasks:
+        assert services.attempt_record_exit(attempt.pk, ContainerExit(143))
+    job = fresh(job)
+    assert (job.state, job.exit_type, job.exit_reason, job.exit_trigger_message) == (
+        State.STOPPED, ExitType.IDLE_GPUS, "idle GPUs reclaimed", lifecycle.IDLE_GPUS_TRIGGER.message)
+    assert job.stop_requested_by is None and JobAttempt.objects.filter(job=job).count() == 1
+    for attempt in tasks:
+        attempt = fresh(attempt)
+        assert (attempt.state, attempt.exit_type) == (TaskState.STOPPED, ExitType.IDLE_GPUS)
 
 
 def test_gpus_busy_again_within_the_grace_clear_the_flag_and_the_deadline(alice, node, stop_policy):  # noqa: F811

@@ -83,6 +83,12 @@ def job_reclaim_idle_gpus(*, job_id: int, number: int) -> bool:
                 state=State.STOPPING, stop_requested_at=now):
             return False
         job = Job.objects.get(pk=job_id)
+        # A drain's pending stop gives way: it meant "run it elsewhere", yet
+        # the job now ends for good. Left as it was, a job whose every task
+        # a drain was stopping kept no mark of the reclaim and ended
+        # "stopped by a user" (_maybe_finish_stopping).
+        TaskAttempt.objects.filter(job=job, state__in=ACTIVE_TASK_STATES, stop_reason=ExitType.NODE_DRAINED).update(
+            stop_reason=ExitType.IDLE_GPUS)
         _stop_attempt_tasks(job, ExitType.IDLE_GPUS, stops)
         _maybe_finish_stopping(job.pk, now)
         transaction.on_commit(lambda: _send_stops(stops))

@@ -632,3 +632,34 @@ def test_a_task_a_drain_stopped_is_a_drain_failure_even_if_it_exits_0(alice, adm
     assert exit_(task, 0)
     job = fresh(job)
     assert (job.state, job.attempt_number) == (State.WAITING, 2), job.exit_reason
+
+
+@pytest.mark.parametrize("code", [0, 143])
+def test_a_job_a_drain_ended_fails_as_the_platform_s_doing_with_no_exit_code_of_the_user_s(alice, admin_user, node,
+                                                                                          code):
+    """No retries left: the job fails as "node drained", a platform failure.
+    Its exit code is not the program's answer to the drain's SIGTERM (a
+    FAILED job with exit code 0 read as a contradiction); the task keeps the
+    code its container gave, and its reason says the drain came first."""
+    from django.test import Client
+
+    from jobs import exit_spec
+    from jobs.services import tokens
+
+    job = gpu_job(alice, node, role())
+    task = start(job)["main-0"]
+    nodes.node_drain(node=node, by=admin_user, mode="stop")
+    assert exit_(task, code)
+    job = fresh(job)
+    assert (job.state, job.exit_type, job.exit_code) == (State.FAILED, ExitType.NODE_DRAINED, None)
+    assert job.exit_reason.startswith("task main-0 failed: node drained: ") and exit_spec.spec_for(job.exit_type).causer == "PLATFORM"
+    attempt = JobAttempt.objects.get(job=job, number=1)
+    assert (attempt.state, attempt.exit_type, attempt.exit_code) == (State.FAILED, ExitType.NODE_DRAINED, None)
+    task = fresh(task)
+    assert (task.state, task.exit_type, task.exit_code) == (TaskState.FAILED, ExitType.NODE_DRAINED, code)
+    assert task.exit_reason == (f"node drained: node {node.name} was drained by an admin; "
+                                f"stopped, the command exited with code {code}")
+    key = tokens.token_create(user=alice, lifetime=timedelta(hours=1)).key
+    status = Client(HTTP_AUTHORIZATION=f"Bearer {key}").get(f"/api/v1/user/{alice.username}/jobs/{job.name}").json()
+    app = status["jobStatus"]
+    assert (app["appExitCode"], app["appExitSpec"]["code"], app["appExitSpec"]["causer"]) == (None, None, "PLATFORM")

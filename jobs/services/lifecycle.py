@@ -243,8 +243,12 @@ def _classify(attempt: TaskAttempt, result: ContainerExit, memory_mb: int) -> tu
     if attempt.stop_reason == ExitType.NODE_DRAINED:
         # Stopped because an admin drained its node: a failure like a node
         # loss (it counts toward retryCount), so the job may run elsewhere,
-        # even when the program caught the SIGTERM and exited with 0.
-        return TaskState.FAILED, ExitType.NODE_DRAINED, f"node drained: node {attempt.node_name} was drained by an admin"
+        # even when the program caught the SIGTERM and exited with 0. The
+        # container's code stays the task's, said to be its answer to the stop.
+        reason = f"node drained: node {attempt.node_name} was drained by an admin"
+        if result.exit_code is not None:
+            reason += f"; stopped, the command exited with code {result.exit_code}"
+        return TaskState.FAILED, ExitType.NODE_DRAINED, reason
     if result.exit_code == 0:
         return TaskState.SUCCEEDED, ExitType.SUCCEEDED, "exited with code 0"
     if attempt.stop_reason:
@@ -314,14 +318,27 @@ def _attempt_end(job_id: int, number: int, now: datetime) -> datetime:
     return max(moment for moment in (now, latest["end"], latest["start"]) if moment is not None)
 
 
+def _job_exit_code(verdict: Verdict, deciding: TaskAttempt | None, exit_type: str) -> int | None:
+    """The job's exit code: its program's, when the program decided the job.
+    None when the platform did (a node lost or drained, our error): a drained
+    task's code is only its answer to our SIGTERM, and a FAILED job with exit
+    code 0 read as a contradiction. The task keeps its code."""
+    if verdict.outcome == Outcome.SUCCEEDED:
+        return 0
+    spec = exit_spec.spec_for(exit_type)
+    if deciding is None or (spec is not None and spec.causer == "PLATFORM"):
+        return None
+    return deciding.exit_code
+
+
 def _conclude_attempt(job: Job, job_attempt: JobAttempt, verdict: Verdict, stops: list[tuple[str, int]], now: datetime) -> None:
     deciding = None
     if verdict.deciding is not None:
         deciding = TaskAttempt.objects.filter(
             job=job, number=job_attempt.number, task__role=verdict.deciding.role, task__index=verdict.deciding.index
         ).first()
-    exit_code = 0 if verdict.outcome == Outcome.SUCCEEDED else (deciding.exit_code if deciding else None)
     exit_type = ExitType.SUCCEEDED if verdict.outcome == Outcome.SUCCEEDED else (deciding.exit_type if deciding else ExitType.PLATFORM)
+    exit_code = _job_exit_code(verdict, deciding, exit_type)
     _stop_attempt_tasks(job, ExitType.COMPLETED, stops)
     if verdict.outcome == Outcome.FAILED and job.attempt_number <= job.retry_limit and exit_spec.retried(exit_type):
         JobAttempt.objects.filter(pk=job_attempt.pk).update(

@@ -12,7 +12,10 @@ Order and fairness (the rule documented in the README):
   cluster is blocked behind it: no later job of that virtual cluster starts
   until it has started, so running jobs drain and the big job gets its turn.
   A job that could never fit (bigger than any node, or than its virtual
-  cluster's whole quota: `never_fits`) never blocks anyone.
+  cluster's whole quota: `never_fits`) never blocks anyone. Nor does one
+  that would fit only once nodes now away (no heartbeat, agent down) come
+  back (`Away`): it is told so, not that it can never fit, and is judged
+  again at every pass.
 
 Per-user limits (an admin's, per virtual cluster): a job that would put its
 owner over their running jobs or GPUs there waits, says which limit, and
@@ -161,6 +164,18 @@ class Decision:
     waiting: dict[int, str] = field(default_factory=dict)
     never_fits: set[int] = field(default_factory=set)
     overtaken: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+
+@dataclass(frozen=True)
+class Away:
+    """The nodes registered for new tasks but not ready now (a lost
+    heartbeat, an agent restarting), and each virtual cluster's quota over
+    the ready nodes and these together. A job may wait for them: one judged
+    against the ready nodes alone was told it could never fit, and the job
+    page told its owner to stop it, while a node was briefly down."""
+
+    nodes: list[NodeState]
+    quotas: dict[str, Quota]
 
 
 _EPSILON = 1e-9
@@ -470,6 +485,41 @@ def never_fits(job: JobRequest, nodes: list[NodeState], quota: Quota) -> str | N
     return _never_fits(job, nodes, quota, _IdleCluster(nodes))
 
 
+class _Hopeless:
+    """Whether a job can never fit, judged once per kind of request and pass:
+    against the ready nodes first (which the answer usually is, and which
+    _IDLE_FITS keeps across passes), then, only if that says never and
+    nodes are away, against the ready and away nodes together."""
+
+    def __init__(self, nodes: list[NodeState], away: Away | None) -> None:
+        self._nodes, self._away = nodes, away
+        self._idle = _IdleCluster(nodes)
+        self._whole: _IdleCluster | None = None
+        self._by_kind: dict[tuple, tuple[str, bool] | None] = {}
+
+    def __call__(self, kind: tuple, job: JobRequest, quota: Quota) -> tuple[str, bool] | None:
+        """None if `job` may fit the ready nodes; else why not, and whether
+        it never will (False: it waits for away nodes)."""
+        if kind not in self._by_kind:
+            self._by_kind[kind] = self._judge(job, quota)
+        return self._by_kind[kind]
+
+    def _judge(self, job: JobRequest, quota: Quota) -> tuple[str, bool] | None:
+        never = _never_fits(job, self._nodes, quota, self._idle)
+        if never is None:
+            return None
+        away = self._away
+        whole_quota = away.quotas.get(job.vc) if away is not None and away.nodes else None
+        if away is None or whole_quota is None:
+            return never, True
+        if self._whole is None:
+            self._whole = _IdleCluster(self._nodes + away.nodes)
+        if _never_fits(job, self._nodes + away.nodes, whole_quota, self._whole) is not None:
+            return never, True
+        return (f"waiting for {_count(len(away.nodes), 'node')} not ready now to come back; without them it "
+                f"cannot fit: {never.removeprefix('can never fit: ')}"), False
+
+
 class _IdleCluster:
     """The nodes as they would be with no task on them (one set of used
     ports per address, as in use), built only when a question needs them.
@@ -637,9 +687,11 @@ class _Kinds:
 
 
 def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Quota],
-             *, max_overtakes: int, user_quotas: dict[tuple[str, int], UserQuota] | None = None) -> Decision:
+             *, max_overtakes: int, user_quotas: dict[tuple[str, int], UserQuota] | None = None,
+             away: Away | None = None) -> Decision:
     """Decide which waiting jobs start now. `jobs` must be in submission order;
-    `user_quotas` are by (virtual cluster, owner), only where a limit applies.
+    `user_quotas` are by (virtual cluster, owner), only where a limit applies;
+    `away`: the registered nodes not ready now, which a job may wait for.
 
     Placements are applied to `nodes`, `quotas` and `user_quotas` as they are made.
     """
@@ -655,11 +707,11 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
     # placement changes the nodes and quotas, a job asking for exactly the
     # same (a sweep of one config) gets the same answer, so a queue of
     # thousands of alike jobs costs one look per kind of request.
-    no_fit: dict[tuple, tuple[str, bool]] = {}
+    # (reason, whether it never fits, whether it waits for away nodes)
+    no_fit: dict[tuple, tuple[str, bool, bool]] = {}
     # Whether a kind can never fit looks only at totals and the idle nodes,
     # which no placement changes: once per kind and pass.
-    hopeless: dict[tuple, str | None] = {}
-    idle = _IdleCluster(nodes)
+    hopeless = _Hopeless(nodes, away)
     kind_of = _Kinds()
     for job in jobs:
         quota = quotas.get(job.vc)
@@ -695,14 +747,18 @@ def schedule(jobs: list[JobRequest], nodes: list[NodeState], quotas: dict[str, Q
                     if times >= max_overtakes and job.vc not in blocked:
                         blocked[job.vc] = (earlier.id, times)
                 continue
-            if kind not in hopeless:
-                hopeless[kind] = _never_fits(job, nodes, quota, idle)
-            never = hopeless[kind]
-            no_fit[kind] = (never, True) if never else (_explain_wait(job, index, quota), False)
-        reason, never = no_fit[kind]
+            verdict = hopeless(kind, job, quota)
+            if verdict is None:
+                no_fit[kind] = (_explain_wait(job, index, quota), False, False)
+            else:
+                no_fit[kind] = (verdict[0], verdict[1], not verdict[1])
+        reason, never, for_away = no_fit[kind]
         decision.waiting[job.id] = reason
         if never:
             decision.never_fits.add(job.id)
+        if never or for_away:
+            # Blocking the queue behind it would hold everyone for nodes
+            # that may not come back; it is judged again next pass.
             continue
         passed_over[job.vc].append(job)
         if job.overtaken >= max_overtakes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from jobs.completion import Outcome, TaskResult, judge
-from jobs.scheduler import JobRequest, NodeState, Quota, RoleRequest, UserQuota, never_fits, schedule
+from jobs.scheduler import Away, JobRequest, NodeState, Quota, RoleRequest, UserQuota, never_fits, schedule
 from jobs.spec import PortSpec, parse_job_config
 
 
@@ -355,3 +355,36 @@ def test_the_queued_behind_message_counts_the_overtakes_of_this_pass():
     jobs = [job(1, r(cpus=4), overtaken=0)] + [job(i, r(cpus=1)) for i in range(2, 5)]
     decision = schedule(jobs, nodes, big_quota(), max_overtakes=1)
     assert "queued behind job #1, which was overtaken 1 time and" in decision.waiting[3]
+
+
+def test_a_job_that_fits_only_a_node_now_away_waits_for_it_and_is_not_hopeless():
+    # The 8-GPU node lost its heartbeat for a moment: judged on the ready
+    # node alone the job "can never fit", and its page told its owner to stop it.
+    ready, away = node(1, "a", gpus={i: "V100" for i in range(2)}), node(2, "b", gpus={i: "V100" for i in range(8)})
+    whole = {"default": Quota(cpus=16, memory_mb=64000, gpus={"V100": 10})}
+    quotas = {"default": Quota(cpus=8, memory_mb=32000, gpus={"V100": 2})}
+    decision = schedule([job(1, r(gpus=8), overtaken=9), job(2, r(gpus=1))], [ready], quotas, max_overtakes=3,
+                        away=Away(nodes=[away], quotas=whole))
+    assert 1 not in decision.never_fits
+    assert decision.waiting[1].startswith("waiting for 1 node not ready now to come back; without them it cannot fit: ")
+    assert "can never fit" not in decision.waiting[1]
+    # It blocks nobody meanwhile (the node may not come back) and is not counted as overtaken.
+    assert 2 in decision.placed and 1 not in decision.overtaken
+
+
+def test_a_job_that_fits_no_node_ready_or_away_can_never_fit():
+    ready, away = node(1, "a", cpus=8), node(2, "b", cpus=8)
+    whole = {"default": Quota(cpus=16, memory_mb=64000, gpus={})}
+    decision = schedule([job(1, r(cpus=64))], [ready], big_quota(), max_overtakes=3,
+                        away=Away(nodes=[away], quotas=whole))
+    assert 1 in decision.never_fits and decision.waiting[1].startswith("can never fit: no node has")
+
+
+def test_a_quota_that_holds_the_job_only_with_the_away_nodes_is_waited_for():
+    ready, away = node(1, "a", cpus=8), node(2, "b", cpus=8)
+    quotas = {"default": Quota(cpus=8, memory_mb=32000, gpus={})}
+    whole = {"default": Quota(cpus=16, memory_mb=64000, gpus={})}
+    request = job(1, r(tasks=2, cpus=6))
+    assert never_fits(request, [ready], quotas["default"]).startswith("can never fit")
+    decision = schedule([request], [ready], quotas, max_overtakes=3, away=Away(nodes=[away], quotas=whole))
+    assert 1 not in decision.never_fits and "without them it cannot fit: needs 12 CPUs" in decision.waiting[1]

@@ -82,3 +82,69 @@ def test_a_share_typed_to_a_hundredth_of_a_percent_holds_whole_gpus():
     assert scheduler.never_fits(request, [node], quotas["a"]) is None
     # A share that is not close to a whole unit stays as it is.
     assert _quotas([node], {}, [("default", 0.0), ("a", 50.0)], [])["a"].gpus["K80"] == 1.5
+
+
+def test_a_job_that_fits_only_a_node_briefly_down_waits_for_it_and_starts_when_it_is_back(alice, node):  # noqa: F811
+    """Judged against the ready nodes alone, a job too big for them but not
+    for a node that had missed a few heartbeats "can never fit", and its
+    page told its owner to stop it. It waits for that node instead."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import Job, State
+    from jobs.services import cluster
+    from tests.helpers import config, role, submit
+
+    gpu_type = node.gpus[0]["type"]  # the ready node has 8 of them
+    away = Node.objects.create(
+        name=f"{node.name}-away", address=f"away-{node.address}", docker_host="unix:///nonexistent", cpus=16,
+        memory_mb=16000, gpus=[{"index": i, "type": gpu_type} for i in range(12)], gpus_simulated=True,
+        port_start=40000, port_end=40099, last_heartbeat=timezone.now() - timedelta(minutes=5), agent_pid=1)
+    try:
+        job = submit(alice, config("needs-12", role(gpus=12), gpuType=gpu_type))
+        scheduling.schedule_pass()
+        job = Job.objects.get(pk=job.pk)
+        assert job.state == State.WAITING
+        assert job.waiting_reason.startswith("waiting for "), job.waiting_reason
+        assert "not ready now to come back; without them it cannot fit: " in job.waiting_reason
+        assert cluster.never_fits_reason(job) is None
+        client = Client()
+        client.force_login(alice)
+        page = client.get(f"/jobs/{job.pk}/").content.decode()
+        assert "can never start" not in page and "not ready now to come back" in page
+
+        Node.objects.filter(pk=away.pk).update(status=Node.Status.READY,
+                                               last_heartbeat=timezone.now() + timedelta(hours=1))
+        scheduling.schedule_pass()
+        job = Job.objects.get(pk=job.pk)
+        assert job.state == State.RUNNING, job.waiting_reason
+        assert set(TaskAttempt.objects.filter(job=job).values_list("node_id", flat=True)) == {away.pk}
+    finally:
+        Node.objects.filter(pk=away.pk).update(schedulable=False)
+        for attempt in TaskAttempt.objects.filter(node=away, state__in=ACTIVE_TASK_STATES):
+            assert exit_(attempt, 0)
+
+
+def test_a_job_too_big_for_every_node_ready_or_not_can_never_fit(alice, node):  # noqa: F811
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import Job
+    from jobs.services import cluster
+    from tests.helpers import config, role, submit
+
+    gpu_type = node.gpus[0]["type"]
+    away = Node.objects.create(
+        name=f"{node.name}-away", address=f"away-{node.address}", docker_host="unix:///nonexistent", cpus=16,
+        memory_mb=16000, gpus=[{"index": i, "type": gpu_type} for i in range(12)], gpus_simulated=True,
+        port_start=40000, port_end=40099, last_heartbeat=timezone.now() - timedelta(minutes=5), agent_pid=1)
+    try:
+        job = submit(alice, config("needs-13", role(gpus=13), gpuType=gpu_type))
+        scheduling.schedule_pass()
+        job = Job.objects.get(pk=job.pk)
+        assert job.waiting_reason.startswith("can never fit: no node has"), job.waiting_reason
+        assert cluster.never_fits_reason(job).startswith("can never fit")
+    finally:
+        Node.objects.filter(pk=away.pk).update(schedulable=False)

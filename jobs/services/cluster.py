@@ -152,7 +152,23 @@ def never_fits_reason(job: Job) -> str | None:
     quota = quotas(states).get(job.virtual_cluster.name)
     if quota is None:
         return f"virtual cluster '{job.virtual_cluster.name}' does not exist"
-    return scheduler.never_fits(job_request(job), states, quota)
+    return _never_fits(job_request(job), states, quota)
+
+
+def _never_fits(request: scheduler.JobRequest, ready: list[scheduler.NodeState],
+                quota: scheduler.Quota) -> str | None:
+    """`scheduler.never_fits` over the cluster as registered: a job that would
+    fit once a node briefly down (no heartbeat, agent restarting) is back
+    is no hopeless job, as the scheduling pass also judges (scheduler.Away).
+    The registered nodes are read only when the ready ones say never."""
+    never = scheduler.never_fits(request, ready, quota)
+    if never is None:
+        return None
+    registered = node_states(list(Node.objects.filter(schedulable=True).order_by("name")))
+    whole = quotas(registered).get(request.vc)
+    if len(registered) == len(ready) or whole is None:
+        return never
+    return scheduler.never_fits(request, registered, whole)
 
 
 @dataclass(frozen=True)
@@ -175,7 +191,7 @@ def config_fit(spec: JobSpec, vc_name: str, *, states: list[scheduler.NodeState]
         missing = f"virtual cluster '{vc_name}' does not exist"
         return ConfigFit(never=missing, wait=missing)
     request = spec_request(spec, job_id=0, vc=vc_name)
-    never = scheduler.never_fits(request, states, quota)
+    never = _never_fits(request, states, quota)
     if never or scheduler.place_job(request, states, quota) is not None:
         return ConfigFit(never=never, wait=None)
     return ConfigFit(never=None, wait=scheduler.explain_wait(request, states, quota))

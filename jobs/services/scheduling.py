@@ -127,6 +127,7 @@ class _Inputs:
     (the configs behind `waiting` never change)."""
 
     nodes: list[tuple]  # the ready nodes: id, name, address, CPUs, memory, GPUs (JSON), port range
+    away: list[tuple]  # the schedulable nodes not ready now (scheduler.Away), as `nodes`
     usage: list[tuple]  # what active tasks hold: node id, virtual cluster, CPUs, memory
     gpus: list[tuple]  # GPUs taken: node id, index
     ports: list[tuple]  # ports taken: address, port
@@ -150,12 +151,22 @@ def _read() -> _Inputs:
             share = max(1, MAX_JOBS_PER_PASS // owners)
             waiting = rows("waiting_shared", [State.WAITING, share, MAX_JOBS_PER_PASS])
         waiting = list(map(_Waiting._make, waiting))
+        ready, away = _split_ready(rows("nodes", [Node.Status.READY, cutoff, True]))
         return _Inputs(
-            nodes=rows("nodes", [Node.Status.READY, True, cutoff]), usage=rows("usage", ACTIVE_TASK_STATES),
+            nodes=ready, away=away, usage=rows("usage", ACTIVE_TASK_STATES),
             gpus=rows("gpus"), ports=rows("ports"), vcs=rows("vcs"), vc_gpus=rows("vc_gpus"), waiting=waiting,
             limits={key: (q.max_running_jobs, q.max_gpus, q.running_jobs, q.used_gpus)
                     for key, q in user_quotas(waiting).items()},
         )
+
+
+def _split_ready(rows: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """The schedulable nodes' rows, ready ones and the others, each without
+    the last column (whether it is ready), in the order read."""
+    ready, away = [], []
+    for row in rows:
+        (ready if row[-1] else away).append(row[:-1])
+    return ready, away
 
 
 @functools.cache
@@ -175,9 +186,11 @@ def _read_sql(vendor: str) -> dict[str, str]:
     active = ", ".join(["%s"] * len(ACTIVE_TASK_STATES))
     job_vc = f"INNER JOIN {job} j ON j.id = a.job_id INNER JOIN {vc} vc ON vc.id = j.virtual_cluster_id"
     return {
-        "nodes": f"SELECT id, name, address, cpus, memory_mb, CAST(gpus AS text), port_start, port_end FROM {node} "
-                 "WHERE status = %s AND schedulable = %s AND last_heartbeat >= %s AND agent_pid IS NOT NULL "
-                 "ORDER BY name",
+        # Every schedulable node, and whether it is ready: the others are
+        # those a job may wait for (scheduler.Away), in the same one read.
+        "nodes": f"SELECT id, name, address, cpus, memory_mb, CAST(gpus AS text), port_start, port_end, "
+                 "CASE WHEN status = %s AND last_heartbeat >= %s AND agent_pid IS NOT NULL THEN 1 ELSE 0 END "
+                 f"FROM {node} WHERE schedulable = %s ORDER BY name",
         "usage": f"SELECT a.node_id, vc.name, SUM(a.cpus), SUM(a.memory_mb) FROM {attempt} a {job_vc} "
                  f"WHERE a.state IN ({active}) GROUP BY a.node_id, vc.name",
         "gpus": f"SELECT node_id, {quote('index')} FROM {gpu}",
@@ -207,6 +220,15 @@ def _ready_states(inputs: _Inputs) -> tuple[list[scheduler.NodeState], dict[str,
         by_vc[vc] = (by_vc[vc][0] + cpus, by_vc[vc][1] + memory)
     states = _states(inputs.nodes, by_node, inputs.gpus, inputs.ports)
     return states, _quotas(states, by_vc, inputs.vcs, inputs.vc_gpus)
+
+
+def _away(inputs: _Inputs, states: list[scheduler.NodeState]) -> scheduler.Away | None:
+    """The schedulable nodes not ready now, and the quotas were they back;
+    None when every one is ready (the usual pass)."""
+    if not inputs.away:
+        return None
+    away = _states(inputs.away, {}, (), ())
+    return scheduler.Away(nodes=away, quotas=_quotas(states + away, {}, inputs.vcs, ()))
 
 
 def quotas(states: list[scheduler.NodeState]) -> dict[str, scheduler.Quota]:
@@ -572,7 +594,8 @@ def _plan(inputs: _Inputs) -> _Plan:
     states, quota = _ready_states(inputs)
     owners = {key: scheduler.UserQuota(*values) for key, values in inputs.limits.items()}
     decision = scheduler.schedule(_requests(inputs.waiting), states, quota,
-                                  max_overtakes=settings.SCHEDULER_MAX_OVERTAKES, user_quotas=owners)
+                                  max_overtakes=settings.SCHEDULER_MAX_OVERTAKES, user_quotas=owners,
+                                  away=_away(inputs, states))
     return _Plan(inputs, states, inputs.waiting, decision)
 
 

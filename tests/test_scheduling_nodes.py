@@ -5,6 +5,7 @@ agent serves (tests/test_lifecycle.py's `node`; the test plays its agent)."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -14,7 +15,7 @@ from django.test import Client
 from jobs.models import ACTIVE_TASK_STATES, ExitType, GpuAllocation, Node, TaskAttempt
 from jobs.services import nodes as node_services
 from jobs.services import scheduling
-from tests.helpers import admin_delete
+from tests.helpers import admin_delete, role
 from tests.test_lifecycle import exit_, gpu_job, node, start  # noqa: F401  (node: a fixture)
 
 pytestmark = pytest.mark.services
@@ -94,7 +95,7 @@ def test_a_job_that_fits_only_a_node_briefly_down_waits_for_it_and_starts_when_i
 
     from jobs.models import Job, State
     from jobs.services import cluster
-    from tests.helpers import config, role, submit
+    from tests.helpers import config, submit
 
     gpu_type = node.gpus[0]["type"]  # the ready node has 8 of them
     away = Node.objects.create(
@@ -133,7 +134,7 @@ def test_a_job_too_big_for_every_node_ready_or_not_can_never_fit(alice, node):  
 
     from jobs.models import Job
     from jobs.services import cluster
-    from tests.helpers import config, role, submit
+    from tests.helpers import config, submit
 
     gpu_type = node.gpus[0]["type"]
     away = Node.objects.create(
@@ -148,3 +149,37 @@ def test_a_job_too_big_for_every_node_ready_or_not_can_never_fit(alice, node):  
         assert cluster.never_fits_reason(job).startswith("can never fit")
     finally:
         Node.objects.filter(pk=away.pk).update(schedulable=False)
+
+
+def test_a_node_registered_again_at_a_new_address_takes_its_tasks_ports_along(alice, node):  # noqa: F811
+    """Ports are booked by address. A task's stayed booked under its node's
+    old address after the agent registered the node at a new one: the next
+    pass gave the same port on the same machine to a second task, the old
+    address kept it booked for whoever came there next, and the job page
+    showed the old address."""
+    from jobs.models import Job, PortAllocation, State
+    from jobs.services import NodeInfo, node_register
+
+    fixed = role(gpus=1, portList=[{"label": "web", "beginAt": node.port_start + 5, "portNumber": 1}])
+    first = start(gpu_job(alice, node, fixed))["main-0"]
+    old, new = node.address, f"new-{node.address}"
+    node_register(NodeInfo(name=node.name, address=new, docker_host=node.docker_host, engine_id="",
+                           cpus=node.cpus, memory_mb=node.memory_mb, gpus=node.gpus, gpus_simulated=True,
+                           port_start=node.port_start, port_end=node.port_end, agent_pid=os.getpid()))
+    held = PortAllocation.objects.filter(attempt=first)
+    assert held.exists() and set(held.values_list("address", flat=True)) == {new}
+    assert not PortAllocation.objects.filter(address=old).exists()
+    first.refresh_from_db()
+    assert first.host_ip == new
+    client = Client()
+    client.force_login(alice)
+    page = client.get(f"/jobs/{first.job_id}/").content.decode()
+    assert new in page
+
+    second = gpu_job(alice, node, fixed)  # the same fixed port, on the only node of its GPU type
+    scheduling.schedule_pass()
+    second = Job.objects.get(pk=second.pk)
+    assert second.state == State.WAITING, "the port was booked twice"
+    assert exit_(first, 0)
+    scheduling.schedule_pass()
+    assert Job.objects.get(pk=second.pk).state == State.RUNNING

@@ -18,7 +18,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs import queues
-from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, TaskAttempt, User, VirtualCluster
+from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, PortAllocation, TaskAttempt, User, VirtualCluster
 from jobs.services.lifecycle import ContainerExit, attempt_record_exit
 
 
@@ -89,8 +89,28 @@ def node_register(info: NodeInfo) -> Node:
         "port_start": info.port_start, "port_end": info.port_end, "agent_pid": info.agent_pid,
         "agent_host": info.agent_host, "last_heartbeat": timezone.now(), "engine_marker": info.engine_marker,
     }
-    node, created = Node.objects.update_or_create(name=info.name, defaults=values)
+    with transaction.atomic():
+        lock_passes()  # no pass reads the ports between the node's move and theirs
+        before = Node.objects.filter(name=info.name).values_list("address", flat=True).first()
+        node, created = Node.objects.update_or_create(name=info.name, defaults=values)
+        if before is not None and before != info.address:
+            _move_ports(node, before)
     return node
+
+
+def _move_ports(node: Node, old_address: str) -> None:
+    """The node came back at a new address: what its tasks hold moves with
+    it. Ports are booked by address (nodes on one machine share them), so
+    left under the old one they were free again at the new one for the next
+    pass (booked twice on one machine), still held at the old one for
+    whoever came there next, and the job page named the old address. A port
+    another node at the new address holds already stays where it was: the
+    constraint allows it one holder there, and it is released with its task."""
+    taken = PortAllocation.objects.filter(address=node.address).values_list("port", flat=True)
+    PortAllocation.objects.filter(node=node, address=old_address).exclude(port__in=list(taken)).update(
+        address=node.address)
+    TaskAttempt.objects.filter(node=node, state__in=ACTIVE_TASK_STATES, host_ip=old_address).update(
+        host_ip=node.address)
 
 
 def node_heartbeat(node_id: int, *, back_ready: Callable[[], bool] = lambda: True) -> bool:

@@ -153,3 +153,47 @@ def test_a_data_folder_that_grows_past_its_limit_is_named_as_data_not_code(alice
         with pytest.raises(storage.StorageError) as refused:
             storage.stage_data(folder, tmp_path / "data", max_bytes=1000)
     assert "the limit for dataDir" in str(refused.value) and "code" not in str(refused.value)
+
+
+def test_an_upload_whose_move_fails_part_way_leaves_the_kept_usage_right(alice, settings) -> None:
+    """The kept usage (quota.py) was only added to once every file had been
+    moved: one cut short after some were in place left it behind what the
+    home held, so the next uploads passed the quota by that much."""
+    from jobs.storage import quota
+
+    settings.STORAGE_QUOTA_MB, settings.STORAGE_QUOTA_FILES, settings.STORAGE_USAGE_CACHE_SECONDS = 10, 0, 300
+    reader = storage.reader_for(user_name=alice.username, is_admin=False)
+    home = f"/{alice.username}"
+    storage.backend().write(f"{home}/old.bin", io.BytesIO(b"o" * 100), overwrite=True)
+    quota.forget(alice.username)
+    before = quota.usage_of(alice.username)  # measured and kept
+    staging = files.upload_staging(reader)
+    staged = []
+    for name, size in (("a.bin", 1000), ("b.bin", 2000)):
+        temp = f"{staging.folder}/{name}.part"
+        storage.backend().write(temp, io.BytesIO(b"x" * size), overwrite=True)
+        staged.append((f"cut/{name}", uploads.StagedFile(name=name, temp=temp, size=size)))
+    storage.backend().delete(staged[1][1].temp, recursive=False)  # gone before its move: the move fails there
+    with pytest.raises(storage.StorageError):
+        files.files_save(reader, home, staged, overwrite=False)
+    assert storage.backend().stat(f"{home}/cut/a.bin") is not None  # the first was moved
+    measured = [storage.backend().usage(folder) for folder in (home, f"/Output/{alice.username}")]
+    real = quota.Usage(sum(u[0] for u in measured), sum(u[1] for u in measured))
+    assert real == quota.Usage(before.bytes + 1000, before.files + 1)
+    assert quota.usage_of(alice.username) == real
+
+
+def test_an_output_upload_cut_short_leaves_the_kept_usage_right(alice, settings, tmp_path) -> None:
+    from jobs.storage import quota
+
+    settings.STORAGE_QUOTA_MB, settings.STORAGE_QUOTA_FILES, settings.STORAGE_USAGE_CACHE_SECONDS = 10, 0, 300
+    home = f"/{alice.username}"
+    storage.backend().mkdir(f"{home}/out/b.txt")  # a folder where the second file must go
+    quota.forget(alice.username)
+    before = quota.usage_of(alice.username)
+    (tmp_path / "a.txt").write_bytes(b"a" * 700)
+    (tmp_path / "b.txt").write_bytes(b"b" * 300)
+    with pytest.raises(storage.StorageError):
+        storage.upload_tree(tmp_path, f"file://{home}/out", user_name=alice.username)
+    assert storage.backend().stat(f"{home}/out/a.txt") is not None
+    assert quota.usage_of(alice.username) == quota.Usage(before.bytes + 700, before.files + 1)

@@ -241,7 +241,11 @@ def upload_tree(src: Path, uri: str, *, user_name: str | None = None, reader: Re
     quota.check_room(owner, adding_bytes=size, adding_files=len(files))
     if reader is not None:
         ensure_home(reader, path)
-    copied = backend_for(reader).upload_tree(src, path)
+    try:
+        copied = backend_for(reader).upload_tree(src, path)
+    except BaseException:
+        quota.forget(owner)  # cut short with some files copied: measured again at the next check
+        raise
     quota.note_written(owner, added_bytes=copied, added_files=len(files))
     return copied
 

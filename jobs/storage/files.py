@@ -180,8 +180,16 @@ def files_save(reader: Reader, folder: str, items: list[tuple[str, StagedFile]],
         shown = ", ".join(conflicts[:5]) + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
         raise FileConflict(f"already there: {shown}; tick \"replace existing files\" to overwrite them")
     added = _check_quota(existing, targets)
-    for path, staged in targets:
-        backend.rename(staged.temp, path, overwrite=overwrite)
+    try:
+        for path, staged in targets:
+            backend.rename(staged.temp, path, overwrite=overwrite)
+    except BaseException:
+        # Cut short with some files in place (and the failed move maybe done
+        # on HDFS without its answer): the kept usage no longer says what
+        # is there, so the next check measures again.
+        for owner in added:
+            quota.forget(owner)
+        raise
     for owner, (size, count) in added.items():
         quota.note_written(owner, added_bytes=size, added_files=count)
     return [path for path, _ in targets]

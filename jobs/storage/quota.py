@@ -13,7 +13,8 @@ per folder). A measurement is kept in the cache (Redis, shared by the web
 processes and node agents) for STORAGE_USAGE_CACHE_SECONDS, and every write
 through this package adds what it stored, so a burst of uploads walks a
 home once, not once per upload. A delete forgets the measurement (the next
-check measures again). Files that appear another way (an HDFS client, a
+check measures again), as does a write cut short part-way (some files
+stored, the rest not). Files that appear another way (an HDFS client, a
 shell on the storage host) count once the kept value expires. Writes
 checked at the same moment are each checked without the others: N of them
 can together pass the quota by up to N - 1 uploads (each within the

@@ -416,6 +416,55 @@ def test_it_sends_each_users_requests_as_that_user_namenode_first_then_the_datan
 
 # ------------------------------------------------------------- storage page
 
+class _UnreadableAfter:
+    """A local file whose reading fails after its first piece (a disk error
+    on the node, an upload's temporary file gone)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self, size: int = -1) -> bytes:
+        self.reads += 1
+        if self.reads > 1:
+            raise OSError(5, "Input/output error")
+        return b"n" * 1000
+
+
+def test_a_local_read_error_while_writing_to_hdfs_is_told_apart_from_hdfs_not_answering(hdfs_server,
+                                                                                       tmp_path) -> None:
+    """A local file that cannot be read came out of the WebHDFS backend as a
+    bare OSError, which the node's output upload worded as if HDFS had
+    failed ("could not upload /pai/output to hdfs://...: Input/output
+    error"), and the local backend as "the storage folder refuses access".
+    It is no outage (StorageUnavailable, retried): the storage answered."""
+    from jobs.storage.webhdfs import WebHdfsBackend
+
+    hdfs = WebHdfsBackend(hdfs_server.url, user="hdfs")
+    hdfs.mkdir("/tmp/read-errors")
+    with pytest.raises(storage.StorageSourceUnreadable) as local:
+        hdfs.write("/tmp/read-errors/model.bin", _UnreadableAfter())
+    assert not isinstance(local.value, storage.StorageUnavailable)
+    assert str(local.value) == ("could not read what was being written to /tmp/read-errors/model.bin: "
+                                "Input/output error (a local read, not the storage)")
+    assert [e.name for e in hdfs.list("/tmp/read-errors")] == []  # nothing half-written left
+
+    def pieces():
+        yield b"x" * 1000
+        raise OSError(5, "Input/output error")
+    with pytest.raises(storage.StorageSourceUnreadable):
+        hdfs.write_new("/tmp/read-errors/upload.bin", pieces())
+    assert hdfs.stat("/tmp/read-errors/upload.bin") is None
+
+    down = WebHdfsBackend("http://127.0.0.1:9", user="hdfs")
+    with pytest.raises(storage.StorageUnavailable, match="did not answer"):
+        down.write("/tmp/read-errors/model.bin", io.BytesIO(b"fine"))
+
+    local = LocalBackend(tmp_path / "root")
+    with pytest.raises(storage.StorageSourceUnreadable, match="a local read, not the storage"):
+        local.write("/alice/model.bin", _UnreadableAfter())
+    assert local.stat("/alice/model.bin") is None
+
+
 def test_it_browses_uploads_downloads_and_deletes_on_the_storage_page(client, alice) -> None:
     client.force_login(alice)
     home = f"/{alice.username}"

@@ -10,7 +10,8 @@ models or other Django app code at import time.
 
 Used by the job services and the node runner (keep these names):
 
-    StorageError, StorageAccessDenied, StorageNotFound, StorageUnavailable (try again later)
+    StorageError, StorageAccessDenied, StorageNotFound, StorageUnavailable (try again later),
+    StorageSourceUnreadable (what was to be written could not be read here)
     check_job_paths(*, user_name, is_admin, spec) -> [(field, message)]
     ensure_output_dir(*, uri, reader)
     stage_tree(uri, dest, *, max_bytes) -> bytes copied
@@ -39,7 +40,7 @@ from jobs.storage import paths, quota
 from jobs.storage.access import Reader, check_read, check_write, may_write
 from jobs.storage.base import Backend, Entry, copy_limited
 from jobs.storage.errors import (StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded,
-                                 StorageUnavailable)
+                                 StorageSourceUnreadable, StorageUnavailable)
 from jobs.storage.registry import storage_for_backend
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend", "Entry", "Reader", "StorageAccessDenied", "StorageError", "StorageNotFound", "StorageQuotaExceeded",
-    "StorageUnavailable",
+    "StorageSourceUnreadable", "StorageUnavailable",
     "backend", "backend_for", "canonical_uri", "check_job_paths", "ensure_home", "ensure_output_dir", "locate",
     "parse_auth_file",
     "read_small_file", "reader_for", "room_at", "stage_data", "stage_tree", "to_uri", "upload_tree",

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from jobs.storage.errors import StorageError, StorageNotFound
+from jobs.storage.errors import StorageError, StorageNotFound, source_unreadable
 
 CHUNK = 1024 * 1024
 CODE_FOLDER = "a code folder"  # what download_tree's limit is for, unless told
@@ -262,7 +262,11 @@ class Backend(ABC):
             if local.is_dir():
                 self.mkdir(target)
             elif local.is_file():
-                with open(local, "rb") as stream:
+                try:
+                    stream = open(local, "rb")
+                except OSError as exc:  # this machine's file, not the storage
+                    raise source_unreadable(target, exc) from None
+                with stream:
                     total += self.write(target, stream, overwrite=overwrite)
         return total
 

@@ -18,6 +18,17 @@ class StorageQuotaExceeded(StorageError):
     """A write would take a user past their storage quota (quota.py)."""
 
 
+class StorageSourceUnreadable(StorageError):
+    """What was being written could not be read: a local file on this
+    machine, an upload's body. The storage itself answered; trying it again
+    will not help, unlike StorageUnavailable."""
+
+
+def source_unreadable(path: str, exc: OSError) -> StorageSourceUnreadable:
+    return StorageSourceUnreadable(f"could not read what was being written to {path}: {exc.strerror or exc} "
+                                   "(a local read, not the storage)")
+
+
 class StorageUnavailable(StorageError):
     """The storage did not answer (refused, timed out) or cannot take writes
     yet (HDFS safe mode): worth trying again later, unlike the others."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry, ListingKey, Window, listing_key, window_of
-from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound
+from jobs.storage.errors import StorageAccessDenied, StorageError, StorageNotFound, source_unreadable
 from jobs.storage.paths import join
 from jobs.storage.registry import StorageKind, register_storage
 
@@ -164,7 +164,7 @@ class LocalBackend(Backend):
         try:
             with os.fdopen(fd, "wb") as out:
                 size = 0
-                while chunk := stream.read(CHUNK):
+                while chunk := _read_source(stream, path):
                     out.write(chunk)
                     size += len(chunk)
             # Users' files are the portal's alone (finding 12); the staged copy
@@ -306,6 +306,16 @@ class _Chunks:
 
     def close(self) -> None:
         self._stream.close()
+
+
+def _read_source(stream: BinaryIO, path: str) -> bytes:
+    """A chunk of what is written to `path`. Its read errors are not the
+    storage folder's: told as the disk's, a source file the node could not
+    read read as "the storage folder refuses access"."""
+    try:
+        return stream.read(CHUNK)
+    except OSError as exc:
+        raise source_unreadable(path, exc) from None
 
 
 def _error(path: str, exc: OSError) -> StorageError:

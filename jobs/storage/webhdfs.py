@@ -30,7 +30,7 @@ from requests.adapters import HTTPAdapter
 
 from jobs.storage.base import CHUNK, PARTIAL_PREFIX, Backend, Entry, ListingKey, Window, listing_key, window_of
 from jobs.storage.errors import (StorageAccessDenied, StorageError, StorageNotFound, StorageQuotaExceeded,
-                                 StorageUnavailable)
+                                 StorageUnavailable, source_unreadable)
 from jobs.storage.paths import ROOT, join, parent
 from jobs.storage.registry import StorageKind, register_storage
 
@@ -179,7 +179,7 @@ class WebHdfsBackend(Backend):
         empties the old file at once, so a write that failed midway left
         half of the new file where the old one was, and readers saw it."""
         temp = join(parent(path), f"{PARTIAL_PREFIX}{secrets.token_hex(12)}")
-        size = self.write_new(temp, _Body(stream))
+        size = self._create(temp, _Body(stream), named=path)
         try:
             self.rename(temp, path, overwrite=overwrite)
         except BaseException:
@@ -193,6 +193,11 @@ class WebHdfsBackend(Backend):
     def write_new(self, path: str, pieces: Iterable[bytes | memoryview]) -> int:
         """One CREATE whose body is the pieces, sent as they come: the upload
         reaches the datanode as it arrives, never spooled."""
+        return self._create(path, pieces, named=path)
+
+    def _create(self, path: str, pieces: Iterable[bytes | memoryview], *, named: str) -> int:
+        """`write_new`; errors name the file as `named` (the target of a
+        write that goes under a hidden name first)."""
         counted = _Counted(pieces)
         someone_elses = False
         try:
@@ -208,6 +213,10 @@ class WebHdfsBackend(Backend):
                     someone_elses = exc.exception == "FileAlreadyExistsException"
                     raise
             if counted.error is not None:
+                if isinstance(counted.error, OSError):
+                    # Our side: a local file or an upload's body could not be
+                    # read. HDFS answered; no outage to retry (StorageUnavailable).
+                    raise source_unreadable(named, counted.error) from counted.error
                 raise counted.error
         except BaseException:
             if counted.started and not someone_elses:  # HDFS made a file of what came: remove it

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from playwright.sync_api import expect
@@ -18,11 +18,12 @@ from playwright.sync_api import expect
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import State, TaskUsage
+from jobs.models import Node, State, TaskAttempt, TaskUsage
 from jobs.services import usage
-from tests.browser import login, screenshot
+from tests.browser import SCREENSHOTS, login, page_alone, screenshot
 from tests.cluster import wait_for
 from tests.helpers import config, role, running_attempt, submit, wait_state
+from tests.test_big_job_queries import big_job, idle_node
 from tests.test_usage import node, running_tasks  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
@@ -129,3 +130,163 @@ def test_a_running_task_whose_samples_stopped_does_not_freeze_the_others_graphs(
                  what="the busy task's new sample drawn")
     finally:  # old samples that usage_compact in other tests would fold (the database outlives a test)
         TaskUsage.objects.filter(attempt_id__in=[stalled.pk, busy.pk]).delete()
+
+
+# ------------------------------------------- big jobs: the job as a whole
+#
+# Jobs made as rows (tests/test_big_job_queries.py big_job) on a node of
+# the test's own, their samples written here, the portal served from this
+# process: no Docker, no node agent.
+
+rows_node = pytest.fixture(idle_node, name="rows_node")
+PAGE_OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+def page_period() -> float:
+    """The buckets the page adds tasks up in (usage_charts.js `period`)."""
+    return max(2.0, usage.sample_seconds())
+
+
+def rounds_at(count: int) -> list[float]:
+    """Times (epoch seconds) of `count` sample rounds, one period apart, each
+    at the start of a bucket of the page's, the newest a period ago."""
+    step = page_period()
+    newest = (timezone.now().timestamp() // step - 1) * step
+    return [newest - step * (count - 1 - k) for k in range(count)]
+
+
+def sample(attempt_id: int, at: float, *, cpu: float, memory_gib: float, gpu: list[float] | None = None) -> TaskUsage:
+    return TaskUsage(attempt_id=attempt_id, at=datetime.fromtimestamp(at, UTC), cpu_percent=cpu,
+                     memory_bytes=int(memory_gib * 2**30),
+                     gpus=[{"index": i, "utilPercent": u, "memoryUsedBytes": 2**30} for i, u in enumerate(gpu or [])])
+
+
+def plot_data(page, selector: str) -> list[list[float | None]]:
+    return page.evaluate("s => document.querySelector(s).usagePlot.data.slice(1)", selector)
+
+
+def job_page(browser, portal, user, job, *, width: int = 1280):
+    """The job's page, its first answer drawn; `page.errors` collects what
+    its scripts report to the console (none expected)."""
+    page = page_alone(browser, portal, width=width)
+    page.errors = []
+    page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    login(page, user)
+    page.goto(f"/jobs/{job.pk}/")
+    expect(page.locator("#usage-charts[data-loaded='true']")).to_have_count(1)
+    return page
+
+
+def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal_in_process, alice, rows_node):
+    """12 tasks on real GPUs (two each), three rounds: task i uses 10(i+1)+k
+    % CPU in round k, i+1 GiB, GPUs at i and 2i %. Their samples come a
+    little apart, as nodes' clocks are; main-5's second sample is missing
+    and its first one stands for it."""
+    Node.objects.filter(pk=rows_node.pk).update(gpus_simulated=False)
+    job = big_job(alice, rows_node, tasks=12, attempts=1, samples=0)
+    attempts = list(TaskAttempt.objects.filter(job=job).order_by("task__index"))
+    times = rounds_at(3)
+    known: dict[int, dict[int, tuple[float, float, list[float]]]] = {k: {} for k in range(3)}
+    rows = []
+    for i, attempt in enumerate(attempts):
+        for k, at in enumerate(times):
+            if (i, k) == (5, 1):
+                continue
+            figures = (10.0 * (i + 1) + k, float(i + 1), [float(i), 2.0 * i])
+            known[k][i] = figures
+            rows.append(sample(attempt.pk, at + 0.1 * i, cpu=figures[0], memory_gib=figures[1], gpu=figures[2]))
+    known[1][5] = known[0][5]  # held
+    TaskUsage.objects.bulk_create(rows)
+    page = job_page(browser, portal_in_process, alice, job)
+
+    figure = "#usage-charts [data-usage='job']"
+    expect(page.locator("#usage-charts .usage-chart")).to_have_count(4)  # cores, CPU per task, memory, GPU
+    expect(page.locator("#usage-charts [data-task]")).to_have_count(0)
+    expect(page.locator(f"{figure} figcaption")).to_contain_text("All 12 tasks")
+    cores, = plot_data(page, f"{figure} [data-chart='cores']")
+    mean, least, most = plot_data(page, f"{figure} [data-chart='cpu']")
+    memory, = plot_data(page, f"{figure} [data-chart='memory']")
+    gpu_mean, gpu_least, gpu_most = plot_data(page, f"{figure} [data-chart='gpu']")
+    for k in range(3):
+        cpus = [f[0] for f in known[k].values()]
+        gpus = [u for f in known[k].values() for u in f[2]]
+        assert cores[k] == pytest.approx(sum(cpus) / 100)
+        assert memory[k] == pytest.approx(sum(f[1] for f in known[k].values()))
+        assert (mean[k], least[k], most[k]) == (pytest.approx(sum(cpus) / 12), min(cpus), max(cpus))
+        assert (gpu_mean[k], gpu_least[k], gpu_most[k]) == (pytest.approx(sum(gpus) / 24), 0.0, 22.0)
+    assert cores[1] == pytest.approx((sum(10.0 * (i + 1) + 1 for i in range(12)) - 1) / 100)
+
+    # Live: a new round, with one task's sample not in yet, extends the
+    # graphs (that task's last sample stands for it) without a reload.
+    later = times[-1] + page_period()
+    TaskUsage.objects.bulk_create([sample(a.pk, later + 0.1 * i, cpu=100.0, memory_gib=1.0)
+                                   for i, a in enumerate(attempts) if i != 11])
+    chart = page.locator(f"{figure} [data-chart='cores']")
+    wait_for(lambda: chart.get_attribute("data-points") == "4", timeout=30, what="the new round drawn")
+    cores, = plot_data(page, f"{figure} [data-chart='cores']")
+    assert cores[3] == pytest.approx((11 * 100.0 + known[2][11][0]) / 100)
+    screenshot(page, "job-usage-big-desktop")
+    assert page.errors == []
+    page.context.close()
+
+
+def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, portal_in_process, alice, rows_node):
+    """400 tasks: an answer gives each task 50 samples. The picked task's
+    graphs show all 60 of its own, read from its own address."""
+    job = big_job(alice, rows_node, tasks=400, attempts=1, samples=0)
+    attempts = list(TaskAttempt.objects.filter(job=job).order_by("task__index"))
+    assert usage.samples_per_task(400) == 50
+    times = rounds_at(60)
+    rows = [sample(attempts[7].pk, at, cpu=float(k), memory_gib=2.0) for k, at in enumerate(times)]
+    rows += [sample(a.pk, at, cpu=30.0, memory_gib=1.0) for i, a in enumerate(attempts) if i not in (3, 7)
+             for at in times[-2:]]
+    TaskUsage.objects.bulk_create(rows)
+    page = job_page(browser, portal_in_process, alice, job)
+    expect(page.locator("#usage-charts .usage-chart")).to_have_count(3)  # simulated GPUs: no GPU graph
+    picker = page.get_by_label("Show one task")
+    expect(picker.locator("option")).to_have_count(401)
+    expect(picker.locator("option[value='main-3']")).to_have_text("main-3 (no recent samples)")
+
+    picker.select_option("main-7")
+    task = page.locator("#usage-charts [data-task='main-7']")
+    expect(task.locator(".usage-chart")).to_have_count(2)
+    expect(task.locator("[data-chart='cpu']")).to_have_attribute("data-points", "60")
+    cpu, = plot_data(page, "#usage-charts [data-task='main-7'] [data-chart='cpu']")
+    assert cpu == [float(k) for k in range(60)]
+    expect(page.locator("#usage-charts .usage-chart")).to_have_count(5)
+
+    picker.select_option("main-8")
+    expect(page.locator("#usage-charts [data-task]")).to_have_count(1)
+    expect(page.locator("#usage-charts [data-task='main-8'] [data-chart='cpu']")).to_have_attribute("data-points", "2")
+    picker.select_option("")
+    expect(page.locator("#usage-charts [data-task]")).to_have_count(0)
+    assert page.errors == []
+    page.context.close()
+
+
+def test_a_small_job_keeps_a_graph_per_task(browser, portal_in_process, alice, rows_node):
+    job = big_job(alice, rows_node, tasks=3, attempts=1, samples=3)
+    page = job_page(browser, portal_in_process, alice, job)
+    expect(page.locator("#usage-charts [data-task]")).to_have_count(3)
+    expect(page.locator("#usage-charts .usage-chart")).to_have_count(6)
+    expect(page.locator("#usage-charts [data-usage='job'], #usage-task")).to_have_count(0)
+    assert page.errors == []
+    page.context.close()
+
+
+def test_a_big_jobs_graphs_fit_a_phone(browser, portal_in_process, alice, rows_node):
+    Node.objects.filter(pk=rows_node.pk).update(gpus_simulated=False)
+    job = big_job(alice, rows_node, tasks=300, attempts=1, samples=0)
+    TaskUsage.objects.bulk_create([
+        sample(a.pk, at + 0.01 * i, cpu=20.0 + i % 50 + k, memory_gib=1.5, gpu=[float(i % 90)])
+        for i, a in enumerate(TaskAttempt.objects.filter(job=job)) for k, at in enumerate(rounds_at(20))])
+    page = job_page(browser, portal_in_process, alice, job, width=390)
+    expect(page.locator("#usage-charts .usage-chart")).to_have_count(4)
+    page.get_by_label("Show one task").select_option("main-42")
+    expect(page.locator("#usage-charts [data-task='main-42'] .usage-chart")).to_have_count(3)
+    assert page.evaluate(PAGE_OVERFLOW) == 0
+    assert page.locator("#usage").bounding_box()["height"] < 3000  # a per-task page was 126,000 px
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#usage").screenshot(path=str(SCREENSHOTS / "job-usage-big-phone.png"))
+    page.context.close()

@@ -334,8 +334,13 @@ def _log_start(request: HttpRequest, job: Job, listing: TaskListing) -> tuple[st
 
 def _usage_context(job: Job) -> dict:
     """What the usage panel needs; its graphs read the REST API (v2 .../metrics)."""
+    names = {"username": job.owner.username, "name": job.name}
     return {
-        "usage_metrics_url": reverse("api-v2:job_metrics", kwargs={"username": job.owner.username, "name": job.name}),
+        "usage_metrics_url": reverse("api-v2:job_metrics", kwargs=names),
+        # One task's samples (up to usage.MAX_SAMPLES) when a big job's page
+        # shows it: ROLE and INDEX are filled in by the script.
+        "usage_task_metrics_url": reverse("api:task_metrics", kwargs={**names, "role": "ROLE", "index": "INDEX"}),
+        "usage_job_wide": usage.job_wide_graphs(job.total_tasks),
         "usage_sample_seconds": usage.sample_seconds(),
         "usage_simulated_gpus": job.task_attempts.filter(number=job.attempt_number, node__gpus_simulated=True)
         .exclude(gpus=[]).exists(),

@@ -165,6 +165,12 @@ def plot_data(page, selector: str) -> list[list[float | None]]:
     return page.evaluate("s => document.querySelector(s).usagePlot.data.slice(1)", selector)
 
 
+def usage_screenshot(page, name: str) -> None:
+    """The Usage panel alone: a big job's whole page is mostly its task table."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#usage").screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+
 def job_page(browser, portal, user, job, *, width: int = 1280):
     """The job's page, its first answer drawn; `page.errors` collects what
     its scripts report to the console (none expected)."""
@@ -226,7 +232,7 @@ def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal
     wait_for(lambda: chart.get_attribute("data-points") == "4", timeout=30, what="the new round drawn")
     cores, = plot_data(page, f"{figure} [data-chart='cores']")
     assert cores[3] == pytest.approx((11 * 100.0 + known[2][11][0]) / 100)
-    screenshot(page, "job-usage-big-desktop")
+    usage_screenshot(page, "job-usage-big-desktop")
     assert page.errors == []
     page.context.close()
 
@@ -247,6 +253,13 @@ def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, por
     picker = page.get_by_label("Show one task")
     expect(picker.locator("option")).to_have_count(401)
     expect(picker.locator("option[value='main-3']")).to_have_text("main-3 (no recent samples)")
+    expect(page.locator("#usage-charts [data-usage='job'] figcaption")).to_have_text(
+        "All 400 tasks (newest samples from 399 of them)")
+    # The job-wide graphs start at main-7's oldest sample sent: before it,
+    # its samples were not sent, and sums without them would be wrong.
+    cores = "#usage-charts [data-usage='job'] [data-chart='cores']"
+    assert page.evaluate("s => document.querySelector(s).usagePlot.data[0][0]", cores) == times[10]
+    expect(page.locator(cores)).to_have_attribute("data-points", "50")
 
     picker.select_option("main-7")
     task = page.locator("#usage-charts [data-task='main-7']")
@@ -255,6 +268,10 @@ def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, por
     cpu, = plot_data(page, "#usage-charts [data-task='main-7'] [data-chart='cpu']")
     assert cpu == [float(k) for k in range(60)]
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(5)
+    # It grows with the job's polls.
+    TaskUsage.objects.bulk_create([sample(attempts[7].pk, times[-1] + page_period(), cpu=99.0, memory_gib=2.0)])
+    expect(task.locator("[data-chart='cpu']")).to_have_attribute("data-points", "61", timeout=30_000)
+    usage_screenshot(page, "job-usage-big-picked")
 
     picker.select_option("main-8")
     expect(page.locator("#usage-charts [data-task]")).to_have_count(1)
@@ -287,6 +304,5 @@ def test_a_big_jobs_graphs_fit_a_phone(browser, portal_in_process, alice, rows_n
     expect(page.locator("#usage-charts [data-task='main-42'] .usage-chart")).to_have_count(3)
     assert page.evaluate(PAGE_OVERFLOW) == 0
     assert page.locator("#usage").bounding_box()["height"] < 3000  # a per-task page was 126,000 px
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.locator("#usage").screenshot(path=str(SCREENSHOTS / "job-usage-big-phone.png"))
+    usage_screenshot(page, "job-usage-big-phone")
     page.context.close()

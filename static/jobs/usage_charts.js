@@ -28,7 +28,7 @@
   var since = "";
   var finalPolls = 0;
   // A big job's page: its job-wide graphs, the task menu and the task picked.
-  var whole = root.dataset.jobWide === "true" ? { box: null, charts: null, select: null, options: {}, keys: {}, picked: null } : null;
+  var whole = root.dataset.jobWide === "true" ? { box: null, charts: null, select: null, options: {}, keys: {}, picked: null, from: -Infinity } : null;
 
   function getJson(address) {
     return fetch(address, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
@@ -208,13 +208,18 @@
   // previous sample, for up to HOLD periods: without it the sums would dip
   // wherever clocks drift. After that the task counts no more (its sampler
   // is away, or it ended) and `tasks` says how many were counted.
+  //
+  // It starts where every task's samples do: a task that gave as many as
+  // one answer holds (`samplesPerTask`) may have older ones not sent, and
+  // sums without them would dip.
   function jobSeries(entries) {
     var step = period / 1000, buckets = {}, newest = newestBucket(entries, step);
+    var first = Math.floor(whole.from / step);
     entries.forEach(function (e) {
       for (var i = 0; i < e.times.length; i++) {
         var k = Math.floor(e.times[i] / step);
         var next = i + 1 < e.times.length ? Math.floor(e.times[i + 1] / step) : newest + 1;
-        for (var j = k; j < next && j <= k + HOLD; j++) count(bucketOf(buckets, j), e, i);
+        for (var j = Math.max(k, first); j < next && j <= k + HOLD; j++) count(bucketOf(buckets, j), e, i);
       }
     });
     return seriesOf(buckets, step);
@@ -350,10 +355,21 @@
     }).catch(function () { entry.older = null; });  // the next pick tries again
   }
 
+  // Where the first answer is complete for every task (see jobSeries).
+  function completeFrom(body) {
+    return body.tasks.reduce(function (from, info) {
+      var s = info.samples;
+      return s.length >= body.samplesPerTask ? Math.max(from, Date.parse(s[0].time) / 1000) : from;
+    }, -Infinity);
+  }
+
   function showJob(body) {
     body.tasks.forEach(record);
     if (!body.tasks.length) return;
-    if (!whole.box) jobFigure(body.tasks.length);
+    if (!whole.box) {
+      whole.from = completeFrom(body);
+      jobFigure(body.tasks.length);
+    }
     drawJob(body.tasks.length);
     syncMenu(body);
     if (whole.picked) drawTask(whole.picked);

@@ -85,6 +85,19 @@ def test_a_share_typed_to_a_hundredth_of_a_percent_holds_whole_gpus():
     assert _quotas([node], {}, [("default", 0.0), ("a", 50.0)], [])["a"].gpus["K80"] == 1.5
 
 
+def away_node(node: Node) -> Node:
+    """A schedulable node with 12 GPUs of `node`'s type whose agent missed
+    its heartbeats five minutes ago: not ready, but registered."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return Node.objects.create(
+        name=f"{node.name}-away", address=f"away-{node.address}", docker_host="unix:///nonexistent", cpus=16,
+        memory_mb=16000, gpus=[{"index": i, "type": node.gpus[0]["type"]} for i in range(12)], gpus_simulated=True,
+        port_start=40000, port_end=40099, last_heartbeat=timezone.now() - timedelta(minutes=5), agent_pid=1)
+
+
 def test_a_job_that_fits_only_a_node_briefly_down_waits_for_it_and_starts_when_it_is_back(alice, node):  # noqa: F811
     """Judged against the ready nodes alone, a job too big for them but not
     for a node that had missed a few heartbeats "can never fit", and its
@@ -97,11 +110,8 @@ def test_a_job_that_fits_only_a_node_briefly_down_waits_for_it_and_starts_when_i
     from jobs.services import cluster
     from tests.helpers import config, submit
 
-    gpu_type = node.gpus[0]["type"]  # the ready node has 8 of them
-    away = Node.objects.create(
-        name=f"{node.name}-away", address=f"away-{node.address}", docker_host="unix:///nonexistent", cpus=16,
-        memory_mb=16000, gpus=[{"index": i, "type": gpu_type} for i in range(12)], gpus_simulated=True,
-        port_start=40000, port_end=40099, last_heartbeat=timezone.now() - timedelta(minutes=5), agent_pid=1)
+    gpu_type = node.gpus[0]["type"]  # the ready node has 8 of them, the away one 12
+    away = away_node(node)
     try:
         job = submit(alice, config("needs-12", role(gpus=12), gpuType=gpu_type))
         scheduling.schedule_pass()
@@ -128,19 +138,12 @@ def test_a_job_that_fits_only_a_node_briefly_down_waits_for_it_and_starts_when_i
 
 
 def test_a_job_too_big_for_every_node_ready_or_not_can_never_fit(alice, node):  # noqa: F811
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     from jobs.models import Job
     from jobs.services import cluster
     from tests.helpers import config, submit
 
     gpu_type = node.gpus[0]["type"]
-    away = Node.objects.create(
-        name=f"{node.name}-away", address=f"away-{node.address}", docker_host="unix:///nonexistent", cpus=16,
-        memory_mb=16000, gpus=[{"index": i, "type": gpu_type} for i in range(12)], gpus_simulated=True,
-        port_start=40000, port_end=40099, last_heartbeat=timezone.now() - timedelta(minutes=5), agent_pid=1)
+    away = away_node(node)
     try:
         job = submit(alice, config("needs-13", role(gpus=13), gpuType=gpu_type))
         scheduling.schedule_pass()

@@ -23,8 +23,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import (
-    ExitType, Job, JobAttempt, LogLine, Node, State, Stream, Task, TaskAttempt, TaskState, TaskUsage, TerminalSession,
-    VirtualCluster,
+    ExitType, IdleGpus, Job, JobAttempt, LogLine, Node, State, Stream, Task, TaskAttempt, TaskState, TaskUsage,
+    TerminalSession, VirtualCluster,
 )
 from jobs.services import tokens
 from jobs.spec import parse_job_value
@@ -246,6 +246,31 @@ def test_another_user_and_an_anonymous_client_see_no_page_of_anothers_tasks(alic
         assert other.get(path).status_code == 404
         response = Client().get(path)
         assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_a_big_job_whose_gpus_idle_gets_one_notice_not_one_per_task(alice, node, settings):
+    """A few flagged tasks get a notice each; past IDLE_NOTICES_MAX, one
+    notice counts them and names the first 20."""
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=30)
+    current = list(TaskAttempt.objects.filter(job=job, number=job.attempt_number).select_related("task"))
+    since = timezone.now() - timedelta(hours=1)
+    IdleGpus.objects.bulk_create([IdleGpus(attempt=a, since=since) for a in current if a.task.index < 3])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert page.count("data-idle-task=") == 3 and "data-idle-tasks=" not in page
+    IdleGpus.objects.bulk_create([IdleGpus(attempt=a, since=since) for a in current if a.task.index >= 3])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "data-idle-task=" not in page and 'data-idle-tasks="30"' in page
+    names = ", ".join(f"main-{i}" for i in range(20))  # in task order
+    assert "30 tasks hold GPUs that have been almost unused" in page and f"{names} and 10 more." in page
+    assert "data-idle-stop-at" not in page
+    # Under IDLE_GPU_POLICY=stop the job stops at the first task's deadline.
+    settings.IDLE_GPU_POLICY = "stop"
+    first = min(flag.flagged_at for flag in IdleGpus.objects.filter(attempt__job=job))
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    deadline = first + timedelta(minutes=settings.IDLE_GPU_STOP_GRACE_MINUTES)
+    assert f'data-idle-stop-at="{deadline.isoformat()}"' in page
 
 
 # ------------------------------------------------------------ job status

@@ -358,6 +358,36 @@ def idle_tasks_of(job: Job) -> list[IdleTask]:
     return [IdleTask(flag.attempt, flag.since, stop_deadline(flag)) for flag in flags]
 
 
+# A job page shows a notice per flagged task up to this many; past it, one
+# notice for them all: a 1,000-task job whose GPUs all idle would otherwise
+# open its Usage panel with 1,000 paragraphs.
+IDLE_NOTICES_MAX = 5
+IDLE_NAMES_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class IdleSummary:
+    """The flagged tasks of a job past IDLE_NOTICES_MAX, as one notice."""
+
+    count: int
+    since: datetime  # the earliest flag's
+    stop_at: datetime | None  # the earliest deadline: the job stops at the first
+    names: list[str]  # the first IDLE_NAMES_SHOWN, <role>-<index> in task order
+
+    @property
+    def more(self) -> int:
+        return self.count - len(self.names)
+
+
+def idle_summary(idle: list[IdleTask]) -> IdleSummary | None:
+    if len(idle) <= IDLE_NOTICES_MAX:
+        return None
+    deadlines = [flag.stop_at for flag in idle if flag.stop_at is not None]
+    tasks = sorted((flag.attempt.task for flag in idle), key=lambda task: (task.role, task.index))
+    return IdleSummary(len(idle), min(flag.since for flag in idle), min(deadlines, default=None),
+                       [str(task) for task in tasks[:IDLE_NAMES_SHOWN]])
+
+
 def idle_attempt_ids(attempt_ids: Iterable[int]) -> set[int]:
     flags = IdleGpus.objects.filter(attempt_id__in=list(attempt_ids), attempt__state=TaskState.RUNNING)
     return set(flags.values_list("attempt_id", flat=True))

@@ -344,8 +344,14 @@ def _usage_context(job: Job) -> dict:
         "usage_sample_seconds": usage.sample_seconds(),
         "usage_simulated_gpus": job.task_attempts.filter(number=job.attempt_number, node__gpus_simulated=True)
         .exclude(gpus=[]).exists(),
-        "usage_idle_tasks": usage.idle_tasks_of(job),
+        **_idle_context(usage.idle_tasks_of(job)),
     }
+
+
+def _idle_context(idle: list[usage.IdleTask]) -> dict:
+    """A notice per task whose GPUs idle, or one for them all past a few."""
+    summary = usage.idle_summary(idle)
+    return {"usage_idle_tasks": [] if summary else idle, "usage_idle_summary": summary}
 
 
 @require_GET

@@ -371,6 +371,9 @@ WEBHOOK_RETRY_SECONDS = env_float_list("WEBHOOK_RETRY_SECONDS", [10, 60, 300, 18
 USAGE_SAMPLE_SECONDS = env_float("USAGE_SAMPLE_SECONDS", 5.0, minimum=0.2)
 USAGE_DETAIL_HOURS = env_float("USAGE_DETAIL_HOURS", 24.0, minimum=0.1)
 USAGE_MINUTES_DAYS = env_float("USAGE_MINUTES_DAYS", 30.0, minimum=0.1)
+# The admin dashboard keeps each window's figures this long (Django's cache),
+# shared by every admin who opens it then; 0 computes them at every view.
+DASHBOARD_CACHE_SECONDS = env_float("DASHBOARD_CACHE_SECONDS", 60.0, minimum=0.0)
 # A task whose real GPUs all stay under IDLE_GPU_PERCENT utilisation for
 # IDLE_GPU_MINUTES is flagged idle; "notify" also tells its owner once;
 # "stop" tells them when the job will be stopped, and stops it (exit type

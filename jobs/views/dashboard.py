@@ -31,7 +31,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     shares = {vc.name: sum(int(amount.total) for amount in vc.gpus.values()) for vc in vcs}
     return render(request, "jobs/dashboard.html", {
         "hours": hours, "windows": list(figures.WINDOWS),
-        "series": figures.cluster_over_time(hours=hours, vc_gpus=shares),
+        "series": figures.dashboard_figures(hours=hours, vc_gpus=shares),
         "vcs": vcs, "idle_tasks": figures.idle_gpu_tasks(),
         "idle_percent": f"{settings.IDLE_GPU_PERCENT:g}%", "idle_minutes": f"{settings.IDLE_GPU_MINUTES:g}",
     })

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -120,12 +120,13 @@ class EpochSeconds(Func):
 
     def as_sqlite(self, compiler, connection, **extra):
         at, params = compiler.compile(self.source_expressions[0])
-        # Django stores 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC; strftime('%s')
-        # drops the fraction, which a text longer than datetime()'s has.
-        seconds = f"CAST(strftime('%%s', {at}) AS INTEGER)"
+        # Django stores 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC. The fraction is
+        # cut off as text: strftime() reads it to the millisecond, rounded,
+        # so 09:59:59.9999 would be 10:00:00.
+        seconds = f"CAST(strftime('%%s', substr({at}, 1, 19)) AS INTEGER)"
         if not self.up:
             return seconds, params
-        return f"({seconds} + ({at} > datetime({at})))", [*params, *params, *params]
+        return f"({seconds} + (CAST(substr({at}, 21) AS INTEGER) > 0))", [*params, *params]
 
     def as_postgresql(self, compiler, connection, **extra):
         at, params = compiler.compile(self.source_expressions[0])
@@ -174,7 +175,11 @@ def _interval_spans(buckets: Buckets, rows: QuerySet, *, keys: tuple[str, ...], 
     one row per distinct span: a few thousand, however many intervals.
     Ordered by the first row (by id) of each span, so that a key comes
     first where its first interval did when they were read one by one."""
-    window_end = buckets.start + buckets.count * buckets.step  # an open interval runs past it
+    # An open interval runs to the window's end, counted in elapsed seconds
+    # as Buckets.index counts (wall-clock arithmetic in a zone with summer
+    # time would end an hour early or late).
+    start, step = _window_seconds(buckets)
+    window_end = datetime.fromtimestamp(start + buckets.count * step, dt_timezone.utc)
     spans = (rows.annotate(first=_bucket_after(begin, buckets),
                            last=_bucket_after(Coalesce(end, Value(window_end, output_field=DateTimeField())), buckets))
              .values_list(*keys, "first", "last").annotate(weight=weight, first_id=Min("id")).order_by("first_id"))

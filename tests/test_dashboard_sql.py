@@ -31,7 +31,9 @@ MICRO = timedelta(microseconds=1)
 
 def reference(hours: int, now: datetime, vc_gpus: dict[str, int] | None = None) -> dict[str, Any]:
     """The figures as the dashboard counted them before the database did:
-    every interval and every minute's samples read into Python."""
+    every interval and every minute's samples read into Python. The minutes
+    are added in order (before, in the order the database grouped them:
+    sorted on SQLite, hash order on PostgreSQL, whose last digit could vary)."""
     buckets = dashboard.buckets_for(hours, now)
     end = buckets.start + buckets.count * buckets.step
     overlapping = Q(finished_at__isnull=True) | Q(finished_at__gte=buckets.start)

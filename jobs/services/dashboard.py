@@ -172,7 +172,8 @@ def _interval_spans(buckets: Buckets, rows: QuerySet, *, keys: tuple[str, ...], 
                     weight: Any) -> list[tuple[tuple, int, int, int]]:
     """The intervals of `rows` (from `begin` until `end`, or still open when
     NULL) as (key values, first bucket, bucket it stops at, summed weight),
-    one row per distinct span: a few thousand, however many intervals.
+    one row per key and pair of buckets met: about as many as jobs that
+    started or ended in the window, not one per task attempt or sample.
     Ordered by the first row (by id) of each span, so that a key comes
     first where its first interval did when they were read one by one."""
     # An open interval runs to the window's end, counted in elapsed seconds

@@ -1,0 +1,109 @@
+#!/usr/bin/env python
+"""A job of 1,000 tasks on the pages and API answers its owner keeps open.
+
+    .venv/bin/python bench/big_job_page.py [--tasks 1000] [--attempts 10] [--repeat 10]
+
+Fills a scratch SQLite database of its own (var/bench/big_job_page/, never
+the portal's or the tests') with one running job of `--tasks` one-GPU
+Jupyter tasks on its attempt `--attempts` (every earlier attempt failed,
+each with all its task containers), the way tests/test_big_job_queries.py
+makes it, then times through Django's test client, the whole request
+included: the job page, the live part the page polls every 2 s (the first
+page of tasks, and filtered to the failed ones), v1 and v2 status and the
+v2 metrics the usage graphs read. Prints p50/p95 wall and CPU milliseconds
+and the answer's size per call, then `big_job_live_poll_ms=<p95 of the live
+part>`: what each open job page costs the portal every 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.stack import configure_django, percentile  # noqa: E402
+
+VAR = ROOT / "var" / "bench" / "big_job_page"
+
+
+def fill(tasks: int, attempts: int):
+    from django.core.management import call_command
+
+    from jobs.models import TaskAttempt, TaskState, User
+    from tests.test_big_job_queries import big_job, idle_node
+
+    call_command("migrate", verbosity=0)
+    call_command("ensure_defaults", verbosity=0)
+    owner = User.objects.create_user("bench", password="bench-Password-1")
+    job = big_job(owner, next(idle_node()), tasks=tasks, attempts=attempts, jupyter=True)
+    # A few failed tasks, for the filter.
+    TaskAttempt.objects.filter(job=job, number=attempts, task__index__in=[7, tasks // 2, tasks - 1]).update(
+        state=TaskState.FAILED, exit_code=1)
+    return owner, job
+
+
+def measure(client, path: str, repeat: int) -> tuple[list[float], list[float], int]:
+    walls, cpus, size = [], [], 0
+    client.get(path)  # warm the connection, the templates and the caches
+    for _ in range(repeat):
+        wall, cpu = time.perf_counter(), time.process_time()
+        response = client.get(path)
+        cpus.append((time.process_time() - cpu) * 1000)
+        walls.append((time.perf_counter() - wall) * 1000)
+        assert response.status_code == 200, (path, response.status_code)
+        size = len(response.content)
+    return walls, cpus, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--attempts", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args()
+    shutil.rmtree(VAR, ignore_errors=True)
+    configure_django(VAR, "bench-big-job-page")
+    from datetime import timedelta
+
+    from django.test import Client, override_settings
+
+    from jobs.services import tokens
+
+    started = time.perf_counter()
+    owner, job = fill(args.tasks, args.attempts)
+    print(f"filled a job of {args.tasks:,} tasks and {args.attempts} attempts in {time.perf_counter() - started:.1f} s")
+    browser = Client()
+    browser.force_login(owner)
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.token_create(user=owner, lifetime=timedelta(hours=1)).key}")
+    calls = [
+        ("job page", browser, f"/jobs/{job.pk}/"),
+        ("live part", browser, f"/jobs/{job.pk}/live/"),
+        ("live part, failed tasks", browser, f"/jobs/{job.pk}/live/?task_state=FAILED"),
+        ("v1 status", api, f"/api/v1/user/{owner.username}/jobs/{job.name}"),
+        ("v2 status", api, f"/api/v2/jobs/{owner.username}~{job.name}"),
+        ("v2 metrics", api, f"/api/v2/jobs/{owner.username}~{job.name}/metrics"),
+    ]
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'call':26} {'wall p50':>9} {'wall p95':>9} {'CPU p50':>8} {'bytes':>10}")
+    live = 0.0
+    # Static files by name, as the test settings serve them: no manifest to build.
+    static = {"staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    for name, client, path in calls:
+        with override_settings(STORAGES={"default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+                                         **static}):
+            walls, cpus, size = measure(client, path, args.repeat)
+        print(f"{name:26} {statistics.median(walls):8.1f}ms {percentile(walls, 95):8.1f}ms "
+              f"{statistics.median(cpus):7.1f}ms {size:>10,}")
+        if name == "live part":
+            live = percentile(walls, 95)
+    print(f"big_job_live_poll_ms={live:.1f}")
+
+
+if __name__ == "__main__":
+    main()

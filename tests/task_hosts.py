@@ -9,10 +9,14 @@ client connects to the portal's own address and sends the Host header.
 from __future__ import annotations
 
 import base64
+import html
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import requests
+
+from tests.helpers import csrf_token
 
 # A task's app: / is a page showing the Cookie header it got and opening the
 # WebSocket named in ?ws= (what a malicious job would try); /echo answers
@@ -104,22 +108,44 @@ class TaskHostClient:
         return self.base_url.replace("http://", "ws://") + path
 
 
+@dataclass(frozen=True)
+class EnterForm:
+    """The portal's page that takes a browser into a task host: a form
+    posting a one-time ticket there."""
+
+    action: str  # http://t5-20001.localhost:8000/__pai_portal__/enter
+    ticket: str
+
+
+def enter_form(page: str) -> EnterForm:
+    action = re.search(r'<form[^>]*id="web-port-enter"[^>]*action="([^"]+)"', page)
+    ticket = re.search(r'name="ticket" value="([^"]+)"', page)
+    assert action and ticket, page[:2000]
+    return EnterForm(html.unescape(action.group(1)), html.unescape(ticket.group(1)))
+
+
+def enter_page(session: requests.Session, base_url: str, link: str) -> requests.Response:
+    """The portal's page with the enter form, past the notice an admin gets
+    for another user's port (a form of the portal's)."""
+    page = session.get(base_url + link, allow_redirects=False)
+    assert page.status_code == 200, (page.status_code, page.text[:300])
+    if 'id="web-port-enter"' not in page.text:
+        page = session.post(base_url + link, data={"csrfmiddlewaretoken": csrf_token(page.text)},
+                            headers={"Referer": base_url + link}, allow_redirects=False)
+        assert page.status_code == 200, (page.status_code, page.text[:300])
+    return page
+
+
 def follow_to_task_host(session: requests.Session, base_url: str, link: str) -> tuple[TaskHostClient, str]:
     """Open the job page's link as a browser would: (a client signed in to
-    the task host, the path the proxy sent us on to)."""
-    portal = session.get(base_url + link, allow_redirects=False)
-    assert portal.status_code == 302, (portal.status_code, portal.text[:300])
-    target = urlsplit(portal.headers["Location"])
+    the task host, the path the proxy sent us on to). The form is posted
+    with the portal's page's Origin, as the browser sends it."""
+    form = enter_form(enter_page(session, base_url, link).text)
+    target = urlsplit(form.action)
     client = TaskHostClient(base_url, target.netloc)
-    entered = client.get(f"{target.path}?{target.query}")
-    assert entered.status_code == 302, (entered.status_code, entered.text)
+    entered = client.request("POST", target.path, data=f"ticket={form.ticket}",
+                             headers={"Origin": base_url, "Content-Type": "application/x-www-form-urlencoded"})
+    assert entered.status_code == 303, (entered.status_code, entered.text)
     name, _, rest = entered.headers["Set-Cookie"].partition(";")
     client.cookie = name.strip()
     return client, entered.headers["Location"]
-
-
-def ticket_url(session: requests.Session, base_url: str, link: str) -> str:
-    """Only the first step: the portal's redirect to the task host."""
-    portal = session.get(base_url + link, allow_redirects=False)
-    assert portal.status_code == 302, (portal.status_code, portal.text[:300])
-    return portal.headers["Location"]

@@ -110,9 +110,9 @@ class WebTask:
                 pass
             return answer
 
-    def get(self, path: str = "/", *, method: str = "GET", headers: str = "") -> bytes:
+    def get(self, path: str = "/", *, method: str = "GET", headers: str = "", body: bytes = b"") -> bytes:
         return self.raw(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nCookie: {self.cookie}\r\n{headers}"
-                        "Connection: close\r\n\r\n".encode())
+                        "Connection: close\r\n\r\n".encode() + body)
 
 
 @pytest.fixture
@@ -132,9 +132,13 @@ def web_task(portal, node, alice) -> Iterator[Callable[[Callable[[bytes], bytes]
         attempt = _running_attempt(alice, node, ports={"http": [app.port]})
         address = ("127.0.0.1", int(portal.rsplit(":", 1)[1]))
         task = WebTask(attempt, app, f"t{attempt.pk}-{app.port}.localhost:{address[1]}", address)
-        ticket = webports.ticket_issue(user=alice, attempt_id=attempt.pk, port=app.port, next_path="/")
-        entered = task.get(f"{webports.ENTER_PATH}?ticket={ticket}")
-        assert entered.startswith(b"HTTP/1.1 302"), entered
+        ticket = webports.ticket_issue(user=alice, attempt_id=attempt.pk, port=app.port, next_path="/",
+                                       origin=portal)
+        body = f"ticket={ticket}"
+        entered = task.get(webports.ENTER_PATH, method="POST", headers=(
+            f"Origin: {portal}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+            f"Content-Length: {len(body)}\r\n"), body=body.encode())
+        assert entered.startswith(b"HTTP/1.1 303"), entered
         task.cookie = next(line for line in entered.split(b"\r\n") if line.lower().startswith(b"set-cookie:")
                            ).split(b":", 1)[1].split(b";")[0].strip().decode()
         return task

@@ -7,13 +7,16 @@ t<task attempt>-<port>.PORTAL_PROXY_DOMAIN, so an app that assumes it owns
 never reach it. The proxy host therefore has a sign-in of its own:
 
 1. The job page links to a portal URL (jobs:web_port). Its view checks the
-   user may open the port and redirects to the task host with a *ticket*:
-   signed with the secret key, valid TICKET_SECONDS, usable once (its nonce
-   is claimed in the cache), naming the user, the task attempt, the port and
-   the path to land on.
-2. The task host redeems the ticket and sets its own cookie (host-only,
-   HttpOnly), signed, naming the same user, attempt and port, for
-   PORTAL_PROXY_SESSION_SECONDS.
+   user may open the port and answers a page of the portal's with a form
+   that posts a *ticket* to the task host: signed with the secret key,
+   valid TICKET_SECONDS, usable once (its nonce is claimed in the cache),
+   naming the user, the task attempt, the port, the path to land on and
+   the portal's origin the page is served from.
+2. The task host redeems the ticket only from a POST whose Origin is that
+   origin (so only the browser the portal handed it to can: a ticket sent
+   on as a link, or posted from any other page, lets no one in, review
+   finding 50) and sets its own cookie (host-only, HttpOnly), signed,
+   naming the same user, attempt and port, for PORTAL_PROXY_SESSION_SECONDS.
 3. Every request through the proxy checks again (web_port_target): the user
    is active and their password unchanged, is the job's owner or a portal
    admin, and the task still runs with that web port.
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core import signing
 from django.core.cache import cache
+from django.http.request import split_domain_port, validate_host
 from django.utils.crypto import salted_hmac
 from django.utils.encoding import iri_to_uri
 
@@ -169,23 +173,51 @@ def safe_next_path(path: str) -> str:
     return iri_to_uri(path)
 
 
-def ticket_issue(*, user: User, attempt_id: int, port: int, next_path: str) -> str:
-    """A ticket into the task host, if `user` may use the port now."""
+def portal_origin_trusted(origin: str) -> bool:
+    """Is `origin` ("http://host:port") one the portal itself serves pages
+    from? PORTAL_URL's, a CSRF trusted origin, or a host ALLOWED_HOSTS names
+    (not "*": with it, anyone's Host would do, and a ticket would name an
+    origin of theirs)."""
+    origin = origin.lower()
+    if origin in {o.lower() for o in settings.CSRF_TRUSTED_ORIGINS}:
+        return True
+    if settings.PORTAL_URL and origin == _origin_of(settings.PORTAL_URL):
+        return True
+    scheme, _, authority = origin.partition("://")
+    host, _port = split_domain_port(authority)
+    return scheme in ("http", "https") and bool(host) and "/" not in authority and validate_host(
+        host, [h for h in settings.ALLOWED_HOSTS if h != "*"])
+
+
+def _origin_of(url: str) -> str:
+    scheme, _, rest = url.lower().partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+def ticket_issue(*, user: User, attempt_id: int, port: int, next_path: str, origin: str) -> str:
+    """A ticket into the task host, if `user` may use the port now, to be
+    posted from a page of the portal's at `origin`."""
     if web_port_target(user=user, attempt_id=attempt_id, port=port) is None:
         raise WebPortUnavailable("this task is not running, or this is not one of its web ports")
+    if not portal_origin_trusted(origin):
+        raise WebPortUnavailable(f"the portal was reached at {origin}, which it does not know as its own "
+                                 "(set PORTAL_URL or PORTAL_CSRF_TRUSTED_ORIGINS)")
     payload = {"u": user.pk, "h": _auth_tag(user), "a": attempt_id, "p": port, "n": secrets.token_urlsafe(16),
-               "next": safe_next_path(next_path)}
+               "next": safe_next_path(next_path), "o": origin.lower()}
     return signing.dumps(payload, salt=_TICKET_SALT)
 
 
-def ticket_redeem(ticket: str, *, host: TaskHost) -> Grant | None:
-    """The grant a ticket carries, once: a second use, another host, a
-    forged or expired ticket give None."""
+def ticket_redeem(ticket: str, *, host: TaskHost, origin: str | None) -> Grant | None:
+    """The grant a ticket carries, once, posted from the page it was issued
+    for (`origin`: the request's Origin header): a second use, another host,
+    another origin (or none), a forged or expired ticket give None."""
     try:
         payload = signing.loads(ticket, salt=_TICKET_SALT, max_age=TICKET_SECONDS)
     except signing.BadSignature:
         return None
     if (payload.get("a"), payload.get("p")) != (host.attempt_id, host.port):
+        return None
+    if not origin or not secrets.compare_digest(origin.lower().encode(), str(payload.get("o", "")).encode()):
         return None
     if not cache.add(f"webports:ticket:{payload['n']}", 1, timeout=TICKET_SECONDS * 2):
         return None  # used already
@@ -217,17 +249,33 @@ def grant_target(grant: Grant) -> WebPortTarget | None:
     return web_port_target(user=user, attempt_id=grant.host.attempt_id, port=grant.host.port)
 
 
-def web_port_enter_url(*, user: User, attempt_id: int, port: int, next_path: str, secure: bool,
-                       portal_host: str) -> str:
-    """Where the portal sends the user: the task host, with a ticket. The
-    task host is on the port the portal was reached on (`portal_host`, the
-    request's Host), unless PORTAL_PROXY_PORT names another."""
-    ticket = ticket_issue(user=user, attempt_id=attempt_id, port=port, next_path=next_path)
+@dataclass(frozen=True)
+class EnterForm:
+    """What the portal's page posts to the task host: `ticket` to `action`."""
+
+    action: str
+    ticket: str
+
+    @property
+    def task_host_url(self) -> str:
+        """Where the port opens, as the page names it."""
+        return self.action.removesuffix(ENTER_PATH)
+
+
+def web_port_enter_form(*, user: User, attempt_id: int, port: int, next_path: str, secure: bool,
+                        portal_host: str) -> EnterForm:
+    """The form that takes the user into the task host. The task host is on
+    the port the portal was reached on (`portal_host`, the request's Host),
+    unless PORTAL_PROXY_PORT names another; the page posting the form is at
+    the portal's origin as reached, which the ticket names."""
+    scheme = "https" if secure else "http"
+    ticket = ticket_issue(user=user, attempt_id=attempt_id, port=port, next_path=next_path,
+                          origin=f"{scheme}://{portal_host}")
     portal_port = portal_host.rsplit(":", 1)[1] if not portal_host.endswith("]") and ":" in portal_host else ""
     port_part = str(settings.PORTAL_PROXY_PORT or portal_port)
     default = "443" if secure else "80"
     authority = TaskHost(attempt_id, port).name + (f":{port_part}" if port_part and port_part != default else "")
-    return f"{'https' if secure else 'http'}://{authority}{ENTER_PATH}?ticket={ticket}"
+    return EnterForm(action=f"{scheme}://{authority}{ENTER_PATH}", ticket=ticket)
 
 
 # ----------------------------------------------------------- forward proofs

@@ -7,7 +7,7 @@ from django import forms
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from jobs.models import Job, TaskAttempt
 from jobs.services import access, webports
@@ -33,20 +33,35 @@ def terminal(request: HttpRequest, job_id: int, attempt_id: int) -> HttpResponse
     return render(request, "jobs/terminal.html", {"job": job, "attempt": attempt, "running": running})
 
 
+@require_http_methods(["GET", "POST"])
 def web_port(request: HttpRequest, job_id: int, attempt_id: int, port: int) -> HttpResponse:
-    """Into a task's web port through the portal's proxy: a redirect to the
-    task's own host name with a one-time ticket (jobs/services/webports.py),
-    for the job's owner or an admin; `?next=` is the path to land on."""
+    """Into a task's web port through the portal's proxy, for the job's
+    owner or an admin: a page of the portal's that posts a one-time ticket
+    to the task's own host name (jobs/services/webports.py); `?next=` is
+    the path to land on. The owner goes straight on (the page posts itself);
+    an admin opening another user's port is first told whose content it is,
+    and goes on by the notice's form (a POST with the portal's CSRF check),
+    so a link alone never lands them on a user's page (finding 50)."""
     job = job_for_user(request, job_id)
-    attempt = get_object_or_404(TaskAttempt, pk=attempt_id, job=job)
+    attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
+    context = {"job": job, "attempt": attempt, "port": port}
+    if job.owner_id != request.user.pk and request.method != "POST":
+        return _no_store(render(request, "jobs/web_port_notice.html", context))
     try:
-        url = webports.web_port_enter_url(user=request.user, attempt_id=attempt.pk, port=port,
-                                          next_path=request.GET.get("next", "/"), secure=request.is_secure(),
-                                          portal_host=request.get_host())
+        form = webports.web_port_enter_form(user=request.user, attempt_id=attempt.pk, port=port,
+                                            next_path=request.GET.get("next", "/"), secure=request.is_secure(),
+                                            portal_host=request.get_host())
     except webports.WebPortUnavailable as exc:
         messages.error(request, f"Could not open port {port}: {exc}.")
         return redirect("jobs:detail", job.pk)
-    response = redirect(url)
+    response = _no_store(render(request, "jobs/web_port_enter.html", {**context, "form": form}))
+    # The task host takes the ticket only with this page's Origin; under the
+    # portal's same-origin referrer policy the browser would send "null".
+    response["Referrer-Policy"] = "origin"
+    return response
+
+
+def _no_store(response: HttpResponse) -> HttpResponse:
     response["Cache-Control"] = "no-store"
     return response
 

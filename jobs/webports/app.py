@@ -1,9 +1,10 @@
 """The proxy as an ASGI application: every request whose Host is under
 PORTAL_PROXY_DOMAIN comes here (portal/asgi.py), never to the portal's views.
 
-A task host answers one path itself (ENTER_PATH: a ticket in, the proxy's
-cookie out); everything else needs that cookie and a fresh check that its
-user may still use the port, then goes through to the job.
+A task host answers one path itself (ENTER_PATH: a ticket posted from the
+portal's page in, the proxy's cookie out); everything else needs that
+cookie and a fresh check that its user may still use the port, then goes
+through to the job.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ log = logging.getLogger(__name__)
 
 NOT_SIGNED_IN = ("Not signed in to this task's port. Sign in to the portal and open the port from its job page "
                  "(only the job's owner and portal admins may).")
-ENTER_REFUSED = ("This link has expired or was used already, or the task is no longer running: open the port "
-                 "again from its job page.")
+ENTER_REFUSED = ("This link has expired or was used already, was not opened from the portal's own page, or the "
+                 "task is no longer running: open the port again from its job page.")
+ENTER_NOT_POSTED = "Open the task's port from its job page on the portal; this address takes no link."
+# A ticket is a few hundred bytes; a form body past this is no ticket.
+ENTER_BODY_BYTES = 4096
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str:
@@ -42,8 +46,8 @@ def _target_of(grant: webports.Grant) -> webports.WebPortTarget | None:
 
 
 @database_sync_to_async
-def _redeem(ticket: str, host: webports.TaskHost) -> webports.Grant | None:
-    return webports.ticket_redeem(ticket, host=host)
+def _redeem(ticket: str, host: webports.TaskHost, origin: str) -> webports.Grant | None:
+    return webports.ticket_redeem(ticket, host=host, origin=origin)
 
 
 def _cookie_grants(scope: dict[str, Any], host: webports.TaskHost) -> list[webports.Grant]:
@@ -77,7 +81,7 @@ class WebPortProxy:
             await _deny(scope, receive, send, 404, "No such task port.")
             return
         if scope["type"] == "http" and scope["path"] == webports.ENTER_PATH:
-            await self._enter(scope, send, host)
+            await self._enter(scope, receive, send, host)
             return
         target = await _allowed_target(scope, host)
         if target is None:
@@ -90,18 +94,43 @@ class WebPortProxy:
         else:
             await forward_http(scope, receive, send, target)
 
-    async def _enter(self, scope: dict[str, Any], send: Any, host: webports.TaskHost) -> None:
-        tickets = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("ticket") or [""]
-        grant = await _redeem(tickets[0], host)
+    async def _enter(self, scope: dict[str, Any], receive: Any, send: Any, host: webports.TaskHost) -> None:
+        """The ticket comes in a POST from the portal's page, whose Origin
+        the browser sets and the ticket names: a ticket in a link, or posted
+        by a page of anyone else's, gets no one in (finding 50)."""
+        if scope["method"] != "POST":
+            await plain_response(send, 405, ENTER_NOT_POSTED, [(b"allow", b"POST")])
+            return
+        body = await _form_body(receive)
+        if body is None:
+            await plain_response(send, 413, ENTER_REFUSED)
+            return
+        tickets = parse_qs(body.decode("latin-1")).get("ticket") or [""]
+        grant = await _redeem(tickets[0], host, _header(scope, b"origin"))
         if grant is None or await _target_of(grant) is None:
             await plain_response(send, 403, ENTER_REFUSED)
             return
         cookie = (f"{webports.COOKIE_NAME}={webports.cookie_value(grant)}; Path=/; HttpOnly; SameSite=Lax; "
                   f"Max-Age={settings.PORTAL_PROXY_SESSION_SECONDS}" + ("; Secure" if _secure(scope) else ""))
-        await plain_response(send, 302, "", [
+        # 303: the browser goes on with a GET of the landing path.
+        await plain_response(send, 303, "", [
             (b"location", grant.next_path.encode("latin-1")), (b"set-cookie", cookie.encode("latin-1")),
             (b"referrer-policy", b"no-referrer"),
         ])
+
+
+async def _form_body(receive: Any) -> bytes | None:
+    """The request's body, None past ENTER_BODY_BYTES."""
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b""
+        body += message.get("body", b"")
+        if len(body) > ENTER_BODY_BYTES:
+            return None
+        if not message.get("more_body", False):
+            return body
 
 
 class HostRouter:

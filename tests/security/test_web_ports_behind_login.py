@@ -24,7 +24,7 @@ from jobs.models import State, TaskAttempt
 from jobs.services import webports
 from tests.cluster import wait_for
 from tests.helpers import DEBIAN_IMAGE, config, lines, login, role, running_attempt, submit, wait_state
-from tests.task_hosts import TaskHostClient, app_command, follow_to_task_host, port_spec, ticket_url
+from tests.task_hosts import TaskHostClient, app_command, enter_form, enter_page, follow_to_task_host, port_spec
 
 LABEL = "http"
 
@@ -55,13 +55,16 @@ def web_task(cluster):
 def test_it_signs_tickets_for_one_host_and_one_use(alice, monkeypatch):
     host = webports.TaskHost(41, 20001)
     grant = webports.Grant(user_id=alice.pk, auth_tag="x", host=host)
+    portal = "http://localhost:8000"
     ticket = signing.dumps({"u": alice.pk, "h": "x", "a": 41, "p": 20001, "n": "n-" + str(time.monotonic_ns()),
-                            "next": "/tree"}, salt="jobs.webports.ticket")
-    assert webports.ticket_redeem(ticket, host=webports.TaskHost(41, 20002)) is None  # another task host
-    redeemed = webports.ticket_redeem(ticket, host=host)
+                            "next": "/tree", "o": portal}, salt="jobs.webports.ticket")
+    assert webports.ticket_redeem(ticket, host=webports.TaskHost(41, 20002), origin=portal) is None  # another task host
+    for elsewhere in (None, "", "null", "http://localhost:8001", "http://t41-20001.localhost:8000"):
+        assert webports.ticket_redeem(ticket, host=host, origin=elsewhere) is None  # posted from no page of the portal's
+    redeemed = webports.ticket_redeem(ticket, host=host, origin=portal)
     assert redeemed is not None and redeemed.user_id == alice.pk and redeemed.next_path == "/tree"
-    assert webports.ticket_redeem(ticket, host=host) is None  # once only
-    assert webports.ticket_redeem(ticket[:-2] + "xx", host=host) is None
+    assert webports.ticket_redeem(ticket, host=host, origin=portal) is None  # once only
+    assert webports.ticket_redeem(ticket[:-2] + "xx", host=host, origin=portal) is None
     cookie = webports.cookie_value(grant)
     assert webports.cookie_grant(cookie, host=host) == grant
     assert webports.cookie_grant(cookie, host=webports.TaskHost(42, 20001)) is None
@@ -110,7 +113,9 @@ def test_it_lets_no_anonymous_client_and_no_other_user_in(web_task, bob, cluster
     assert task_host.get("/echo").status_code == 403
     forged = webports.Grant(user_id=owner.pk, auth_tag="0" * 32, host=webports.TaskHost(attempt.pk, attempt.ports[LABEL][0]))
     assert task_host.get("/echo", headers={"Cookie": f"pai_webport={webports.cookie_value(forged)}"}).status_code == 403
-    assert task_host.get("/__pai_portal__/enter?ticket=nonsense").status_code == 403
+    assert task_host.get("/__pai_portal__/enter?ticket=nonsense").status_code == 405
+    assert task_host.request("POST", "/__pai_portal__/enter", data="ticket=nonsense", headers={
+        "Origin": base, "Content-Type": "application/x-www-form-urlencoded"}).status_code == 403
 
     stranger = login(base, bob)
     assert stranger.get(base + link_of(attempt), allow_redirects=False).status_code == 404
@@ -133,14 +138,22 @@ def test_it_lets_the_owner_in_once_per_ticket_and_passes_no_portal_credential(we
     owner, job, attempt = web_task
     base = cluster.base_url
     session = login(base, owner)
-    first = ticket_url(session, base, link_of(attempt, "/echo%3Fq%3D1"))
-    assert urlsplit(first).netloc == f"t{attempt.pk}-{attempt.ports[LABEL][0]}.localhost:{base.rsplit(':', 1)[1]}"
-    client = TaskHostClient(base, urlsplit(first).netloc)
-    entered = client.get(urlsplit(first).path + "?" + urlsplit(first).query)
-    assert entered.status_code == 302 and entered.headers["Location"] == "/echo?q=1"
+    page = enter_page(session, base, link_of(attempt, "/echo%3Fq%3D1"))
+    form_html = page.text.split('id="web-port-enter"', 1)[1].split("</form>", 1)[0]
+    assert page.headers["Cache-Control"] == "no-store" and "csrfmiddlewaretoken" not in form_html  # not to the job
+    first = urlsplit(enter_form(page.text).action)
+    assert first.netloc == f"t{attempt.pk}-{attempt.ports[LABEL][0]}.localhost:{base.rsplit(':', 1)[1]}"
+    client = TaskHostClient(base, first.netloc)
+
+    def post_ticket() -> requests.Response:
+        return client.request("POST", first.path, data=f"ticket={enter_form(page.text).ticket}",
+                              headers={"Origin": base, "Content-Type": "application/x-www-form-urlencoded"})
+
+    entered = post_ticket()
+    assert entered.status_code == 303 and entered.headers["Location"] == "/echo?q=1"
     cookie = entered.headers["Set-Cookie"]
     assert cookie.startswith("pai_webport=") and "HttpOnly" in cookie and "Domain" not in cookie
-    assert client.get(urlsplit(first).path + "?" + urlsplit(first).query).status_code == 403  # used already
+    assert post_ticket().status_code == 403  # used already
 
     client.cookie = cookie.split(";")[0]
     portal_cookies = "; ".join(f"{c.name}={c.value}" for c in session.cookies)

@@ -1,0 +1,131 @@
+"""Finding 50: a user could send anyone into their own task's web port.
+
+The portal's link into a web port redirected to the task host with a
+ticket in the URL, and the task host let in whichever browser came with it.
+An attacker opened the link of their own job, kept the ticket URL, and sent
+it on (or redirected a victim's browser to it from a site of theirs): the
+victim, signed in to the portal or not, landed on the attacker's page at a
+task host of the portal's, signed in as the attacker, where a fake
+"session expired" form could ask for their password. An admin, who may open
+any task's port, went straight into another user's page from a link.
+
+Now the ticket goes from a page of the portal's own origin to the task host
+in a POST, which the task host takes only with that page's Origin, so only
+the browser the portal gave it to can use it; an admin opening another
+user's port is first told whose it is, and goes on by a form of the portal's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+
+from jobs import services
+from jobs.models import TaskAttempt
+from jobs.services import webports
+from tests.cluster import wait_for
+from tests.helpers import DEBIAN_IMAGE, config, lines, login, role, running_attempt, submit
+from tests.task_hosts import TaskHostClient, app_command, enter_form, follow_to_task_host, port_spec
+
+LABEL = "http"
+
+
+def link_of(attempt: TaskAttempt) -> str:
+    return f"/jobs/{attempt.job_id}/tasks/{attempt.pk}/ports/{attempt.ports[LABEL][0]}/?next=/echo"
+
+
+@pytest.fixture(scope="module")
+def attackers_task(cluster):
+    from jobs.models import User
+    from tests.helpers import hashed_password
+
+    owner = User.objects.create_user(f"phisher{time.monotonic_ns()}")
+    owner.password = hashed_password("pw-for-tests-1")
+    owner.save(update_fields=["password"])
+    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
+    job = submit(owner, config("phish", role(command=app_command(LABEL), portList=port_spec(LABEL)), image=DEBIAN_IMAGE))
+    attempt = running_attempt(job, timeout=90)
+    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
+    yield owner, attempt
+    job.refresh_from_db()
+    if not job.is_final:
+        services.job_stop(job=job, by=owner)
+
+
+def _handed_over(answer: requests.Response) -> tuple[str, str, str]:
+    """(task host, enter path, ticket) out of what the portal gave its
+    owner: a redirect with the ticket in its URL, or a page with a form."""
+    if answer.is_redirect:
+        location = urlsplit(answer.headers["Location"])
+        ticket = parse_qs(location.query)["ticket"][0] if "ticket=" in location.query else ""
+        return location.netloc, location.path, ticket
+    form = enter_form(answer.text)
+    location = urlsplit(form.action)
+    return location.netloc, location.path, form.ticket
+
+
+def _ways_to_send_it_on(base: str) -> list[Callable[[TaskHostClient, str, str], requests.Response]]:
+    """Each way the attacker can put the ticket into a victim's browser:
+    a link, or a form on a page of theirs (another site, or a task host of
+    theirs), whose browser sends its Origin, or none, or "null"."""
+    port = base.rsplit(":", 1)[1]
+
+    def link(client: TaskHostClient, path: str, ticket: str) -> requests.Response:
+        return client.get(f"{path}?ticket={ticket}")
+
+    def posted_from(origin: str | None) -> Callable[[TaskHostClient, str, str], requests.Response]:
+        def post(client: TaskHostClient, path: str, ticket: str) -> requests.Response:
+            headers = {"Content-Type": "application/x-www-form-urlencoded"}
+            if origin is not None:
+                headers["Origin"] = origin.replace("HOST", client.host)
+            return client.request("POST", path, data=f"ticket={ticket}", headers=headers)
+        return post
+
+    return [link, posted_from(None), posted_from("null"), posted_from("http://evil.example"),
+            posted_from("http://HOST"), posted_from(f"http://t1-1.localhost:{port}")]
+
+
+@pytest.mark.services
+def test_it_lets_no_other_browser_in_with_what_the_owner_was_handed(attackers_task, bob, cluster):
+    owner, attempt = attackers_task
+    base = cluster.base_url
+    attacker = login(base, owner)
+    for victim_cookie in ("", "; ".join(f"{c.name}={c.value}" for c in login(base, bob).cookies)):
+        for send_on in _ways_to_send_it_on(base):
+            host, path, ticket = _handed_over(attacker.get(base + link_of(attempt), allow_redirects=False))
+            victim = TaskHostClient(base, host)
+            entered = send_on(victim, path, ticket)
+            assert entered.status_code in (403, 405), (send_on, entered.status_code, entered.headers)
+            assert "pai_webport" not in entered.headers.get("Set-Cookie", "")
+            assert victim.get("/echo", headers={"Cookie": victim_cookie} if victim_cookie else None).status_code == 403
+    # The owner's own browser still gets in, once per ticket.
+    client, landing = follow_to_task_host(attacker, base, link_of(attempt))
+    assert landing == "/echo" and client.get("/echo").status_code == 200
+
+
+@pytest.mark.services
+def test_it_tells_an_admin_whose_port_it_is_before_letting_them_in(attackers_task, admin_user, bob, cluster):
+    owner, attempt = attackers_task
+    base = cluster.base_url
+    admin = login(base, admin_user)
+    page = admin.get(base + link_of(attempt), allow_redirects=False)
+    assert page.status_code == 200, page.status_code
+    assert owner.username in page.text and "not the portal" in page.text
+    assert webports.ENTER_PATH not in page.text  # no ticket until the admin says so
+    # A form of the portal's (CSRF-checked), so a link alone cannot skip the notice.
+    assert admin.post(base + link_of(attempt), allow_redirects=False).status_code == 403
+    client, landing = follow_to_task_host(admin, base, link_of(attempt))
+    assert landing == "/echo" and client.get("/echo").status_code == 200
+
+    # The notice and its form are the owner's and admins' only.
+    anonymous = requests.Session()
+    anonymous.trust_env = False
+    assert "/login/" in anonymous.get(base + link_of(attempt), allow_redirects=False).headers["Location"]
+    stranger = login(base, bob)
+    refused = stranger.post(base + link_of(attempt), data={"csrfmiddlewaretoken": stranger.cookies["csrftoken"]},
+                            headers={"Referer": base + "/"}, allow_redirects=False)
+    assert refused.status_code == 404

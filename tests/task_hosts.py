@@ -23,7 +23,7 @@ from tests.helpers import csrf_token
 # the request's headers (and body length) as JSON; /stream sends one line,
 # then holds the rest of the response for a minute.
 _APP = r'''
-import html, http.server, json, sys, time
+import base64, hashlib, html, http.server, json, sys, time
 PAGE = """<!doctype html><title>job app</title><pre id="cookie">%s</pre><p id="ws">waiting</p><script>
 const url = new URLSearchParams(location.search).get("ws"); const out = document.getElementById("ws");
 if (url) { const ws = new WebSocket(url); let seen = "";
@@ -38,7 +38,13 @@ class App(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def do_GET(self):
-        if self.path.startswith("/echo"):
+        if self.headers.get("Upgrade", "").lower() == "websocket":  # says "hello", then waits for the client to go
+            digest = hashlib.sha1((self.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode())
+            self.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                              "Sec-WebSocket-Accept: " + base64.b64encode(digest.digest()).decode() + "\r\n\r\n").encode())
+            self.wfile.write(b"\x81\x05hello"); self.wfile.flush(); self.rfile.read(1)
+            self.close_connection = True
+        elif self.path.startswith("/echo"):
             seen = {"path": self.path, "headers": [[k.lower(), v] for k, v in self.headers.items()]}
             self.reply(json.dumps(seen).encode(), "application/json")
         elif self.path == "/stream":

@@ -28,6 +28,11 @@ NOT_SIGNED_IN = ("Not signed in to this task's port. Sign in to the portal and o
 ENTER_REFUSED = ("This link has expired or was used already, was not opened from the portal's own page, or the "
                  "task is no longer running: open the port again from its job page.")
 ENTER_NOT_POSTED = "Open the task's port from its job page on the portal; this address takes no link."
+FOREIGN_ORIGIN = ("Refused: this comes from a page of another site; its Origin is not this task's own address "
+                  "(the proxy takes WebSockets and requests that may change something from the task's own pages only).")
+# What a page of any origin may ask of a task host with its visitor's cookie:
+# the app's own links, images and scripts.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # A ticket is a few hundred bytes; a form body past this is no ticket.
 ENTER_BODY_BYTES = 4096
 
@@ -38,6 +43,25 @@ def _header(scope: dict[str, Any], name: bytes) -> str:
 
 def _secure(scope: dict[str, Any]) -> bool:
     return scope.get("scheme") in ("https", "wss") or settings.HTTPS
+
+
+def _own_origin(scope: dict[str, Any]) -> str:
+    """The task host's origin as its pages send it (no default port)."""
+    scheme = "https" if _secure(scope) else "http"
+    authority = _header(scope, b"host").lower().removesuffix(":443" if scheme == "https" else ":80")
+    return f"{scheme}://{authority}"
+
+
+def _from_another_origin(scope: dict[str, Any]) -> bool:
+    """Is this a WebSocket, or a request that may change something, sent by
+    a page of another origin? The browser sends the proxy's cookie with it
+    all the same (every task host is one site under a shared proxy domain),
+    so the visitor's sign-in would speak for that page (finding 51). No
+    Origin at all is not a browser's page (browsers send one with both)."""
+    if scope["type"] == "http" and scope["method"] in SAFE_METHODS:
+        return False
+    origin = _header(scope, b"origin")
+    return bool(origin) and origin.lower() != _own_origin(scope)
 
 
 @database_sync_to_async
@@ -82,6 +106,9 @@ class WebPortProxy:
             return
         if scope["type"] == "http" and scope["path"] == webports.ENTER_PATH:
             await self._enter(scope, receive, send, host)
+            return
+        if _from_another_origin(scope):
+            await _deny(scope, receive, send, 403, FOREIGN_ORIGIN)
             return
         target = await _allowed_target(scope, host)
         if target is None:

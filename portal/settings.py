@@ -312,6 +312,12 @@ TERMINAL_SESSIONS_PER_USER = env_int("TERMINAL_SESSIONS_PER_USER", 4, minimum=1)
 # A terminal whose shell takes none of the user's input for this long is
 # closed (its input waits for the shell, never piles up in the portal).
 TERMINAL_INPUT_STALL_SECONDS = env_float("TERMINAL_INPUT_STALL_SECONDS", 30.0, minimum=1.0)
+# Requests and WebSockets of one user the web-port proxy forwards at once,
+# per portal worker: each holds a socket in the worker and two in the node
+# agent's forwarder for as long as the client and the job (both the user's)
+# keep it open (jobs/webports/app.py). A browser opens 6 connections per
+# host at most, plus a few WebSockets per tab.
+WEB_PORT_CONNECTIONS_PER_USER = env_int("WEB_PORT_CONNECTIONS_PER_USER", 64, minimum=1)
 JUPYTER_IDLE_MINUTES = env_int("JUPYTER_IDLE_MINUTES", 60, minimum=1)
 # Submit Job: the image a new job starts with (pick one every node has locally).
 SUBMIT_DEFAULT_IMAGE = env_str("SUBMIT_DEFAULT_IMAGE", "pai-local/debian:bookworm")

@@ -135,11 +135,11 @@ class Cluster:
 
     # --------------------------------------------------------------- portal
 
-    def start_portal(self, *, name: str = "gunicorn", env: dict[str, str] | None = None) -> None:
+    def start_portal(self, *, name: str = "gunicorn", env: dict[str, str] | None = None, workers: int = 2) -> None:
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         process = self._spawn(name, [
-            sys.executable, "-m", "gunicorn", "-c", "portal/gunicorn.conf.py", "-w", "2", "-b", f"127.0.0.1:{port}",
+            sys.executable, "-m", "gunicorn", "-c", "portal/gunicorn.conf.py", "-w", str(workers), "-b", f"127.0.0.1:{port}",
             "--graceful-timeout", "5",
         ], **(env or {}))
 

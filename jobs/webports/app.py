@@ -10,6 +10,7 @@ through to the job.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -30,6 +31,8 @@ ENTER_REFUSED = ("This link has expired or was used already, was not opened from
 ENTER_NOT_POSTED = "Open the task's port from its job page on the portal; this address takes no link."
 FOREIGN_ORIGIN = ("Refused: this comes from a page of another site; its Origin is not this task's own address "
                   "(the proxy takes WebSockets and requests that may change something from the task's own pages only).")
+TOO_MANY = ("You have {limit} requests or WebSockets open through the portal's proxy, the most one user may have "
+            "at once (WEB_PORT_CONNECTIONS_PER_USER); close some and try again.")
 # What a page of any origin may ask of a task host with its visitor's cookie:
 # the app's own links, images and scripts.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -82,23 +85,31 @@ def _cookie_grants(scope: dict[str, Any], host: webports.TaskHost) -> list[webpo
     return [g for g in grants if g is not None]
 
 
-async def _allowed_target(scope: dict[str, Any], host: webports.TaskHost) -> webports.WebPortTarget | None:
+async def _allowed(scope: dict[str, Any], host: webports.TaskHost) -> tuple[int, webports.WebPortTarget] | None:
+    """(the user, where to forward) if a cookie lets its user in now."""
     for grant in _cookie_grants(scope, host):
         target = await _target_of(grant)
         if target is not None:
-            return target
+            return grant.user_id, target
     return None
 
 
-async def _deny(scope: dict[str, Any], receive: Any, send: Any, status: int, text: str) -> None:
+async def _deny(scope: dict[str, Any], receive: Any, send: Any, status: int, text: str,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
     if scope["type"] == "websocket":
         if (await receive())["type"] == "websocket.connect":
             await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})
         return
-    await plain_response(send, status, text)
+    await plain_response(send, status, text, extra)
 
 
 class WebPortProxy:
+    def __init__(self) -> None:
+        # Exchanges being forwarded, per user, in this worker (one event
+        # loop: no lock). What they hold is the worker's file descriptors,
+        # so the count is the worker's own (finding 52).
+        self.open: Counter[int] = Counter()
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         host = webports.task_host_from_header(_header(scope, b"host"))
         if host is None:
@@ -110,12 +121,28 @@ class WebPortProxy:
         if _from_another_origin(scope):
             await _deny(scope, receive, send, 403, FOREIGN_ORIGIN)
             return
-        target = await _allowed_target(scope, host)
-        if target is None:
+        allowed = await _allowed(scope, host)
+        if allowed is None:
             await _deny(scope, receive, send, 403, NOT_SIGNED_IN)
-        elif scope["type"] == "websocket":
+            return
+        user_id, target = allowed
+        if self.open[user_id] >= settings.WEB_PORT_CONNECTIONS_PER_USER:
+            await _deny(scope, receive, send, 429, TOO_MANY.format(limit=settings.WEB_PORT_CONNECTIONS_PER_USER),
+                        [(b"retry-after", b"10")])
+            return
+        self.open[user_id] += 1
+        try:
+            await self._forward(scope, receive, send, host, target)
+        finally:
+            self.open[user_id] -= 1
+            if not self.open[user_id]:
+                del self.open[user_id]
+
+    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, host: webports.TaskHost,
+                       target: webports.WebPortTarget) -> None:
+        if scope["type"] == "websocket":
             async def still_allowed() -> bool:
-                return await _allowed_target(scope, host) is not None
+                return await _allowed(scope, host) is not None
 
             await forward_websocket(scope, receive, send, target, still_allowed)
         else:

@@ -26,11 +26,15 @@ class SshKeyForm(forms.Form):
 
 def terminal(request: HttpRequest, job_id: int, attempt_id: int) -> HttpResponse:
     """The page holding the terminal; the shell itself comes over the
-    WebSocket (jobs/terminal.py), which checks again who may open it."""
+    WebSocket (jobs/terminal.py), which checks again who may open it. In
+    another user's task (an admin's visit) the page names the owner and
+    connects only when asked (finding 53): a link alone never puts an admin
+    at a shell whose container, and whatever it prints, is the user's."""
     job = job_for_user(request, job_id)
     attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
     running = access.terminal_ready(attempt)
-    return render(request, "jobs/terminal.html", {"job": job, "attempt": attempt, "running": running})
+    return render(request, "jobs/terminal.html", {"job": job, "attempt": attempt, "running": running,
+                                                  "others_task": job.owner_id != request.user.pk})
 
 
 @require_http_methods(["GET", "POST"])

@@ -140,13 +140,13 @@ class WebPortProxy:
 
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, host: webports.TaskHost,
                        target: webports.WebPortTarget) -> None:
-        if scope["type"] == "websocket":
-            async def still_allowed() -> bool:
-                return await _allowed(scope, host) is not None
+        async def still_allowed() -> bool:
+            return await _allowed(scope, host) is not None
 
+        if scope["type"] == "websocket":
             await forward_websocket(scope, receive, send, target, still_allowed)
         else:
-            await forward_http(scope, receive, send, target)
+            await forward_http(scope, receive, send, target, still_allowed)
 
     async def _enter(self, scope: dict[str, Any], receive: Any, send: Any, host: webports.TaskHost) -> None:
         """The ticket comes in a POST from the portal's page, whose Origin

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import h11
@@ -22,6 +24,11 @@ from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_sock
 from portal.http_bridge import abort_client
 
 READ_BYTES = 64 * 1024
+# How often an exchange still open (a streaming answer, a WebSocket) checks
+# again that its user may use the port: deactivated, a password changed, no
+# longer the owner or an admin, or the task ended.
+RECHECK_SECONDS = 5.0
+NO_LONGER_ALLOWED = "You may no longer use this task's port (signed out of it, or the task ended)."
 # How long a job may take none of a request's body before the proxy gives
 # up with a 504: while it waits, nothing tells whether the browser is still
 # there, and the connection (and the node forwarder's) would be held for as
@@ -54,7 +61,25 @@ class _JobStalled(Exception):
     pass
 
 
-async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: WebPortTarget) -> None:
+class _Revoked(Exception):
+    pass
+
+
+@dataclass
+class _Answer:
+    started: bool = False  # the browser has the status line: too late for a 403
+
+
+async def until_revoked(still_allowed: Callable[[], Awaitable[bool]]) -> None:
+    """Returns once the user may no longer use the port."""
+    while True:
+        await asyncio.sleep(RECHECK_SECONDS)
+        if not await still_allowed():
+            return
+
+
+async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: WebPortTarget,
+                       still_allowed: Callable[[], Awaitable[bool]]) -> None:
     try:
         sock = await open_task_socket(target)
     except NodeRefused as refused:
@@ -69,10 +94,16 @@ async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: W
         sock.close()
         await plain_response(send, 502, "The task's web port did not complete a TLS handshake.")
         return
+    answer = _Answer()
     try:
-        await _exchange(scope, receive, send, reader, writer)
+        await _exchange(scope, receive, send, reader, writer, answer, still_allowed)
     except _ClientGone:
         pass
+    except _Revoked:
+        if answer.started:
+            abort_client(scope)  # cut off, not ended: a shortened answer must not pass for a whole one
+        else:
+            await plain_response(send, 403, NO_LONGER_ALLOWED)
     except _JobStalled:
         await plain_response(send, 504, f"The task's web port took none of the request for {STALLED_SEND_SECONDS:.0f} s.")
     except (OSError, h11.LocalProtocolError):  # the job hung up on the request
@@ -85,18 +116,30 @@ async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: W
 
 
 async def _exchange(scope: dict[str, Any], receive: Any, send: Any, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter) -> None:
+                    writer: asyncio.StreamWriter, answer: _Answer,
+                    still_allowed: Callable[[], Awaitable[bool]]) -> None:
     upstream = h11.Connection(our_role=h11.CLIENT)
-    await _send_request(scope, receive, upstream, writer)
-    gone = asyncio.ensure_future(_wait_disconnect(receive))
-    relay = asyncio.ensure_future(_relay_response(scope, send, upstream, reader))
+    revoked = asyncio.ensure_future(until_revoked(still_allowed))
     try:
-        await asyncio.wait({gone, relay}, return_when=asyncio.FIRST_COMPLETED)
-        if relay.done():
-            relay.result()  # raises what the relay raised
+        sending = asyncio.ensure_future(_send_request(scope, receive, upstream, writer))
+        await asyncio.wait({sending, revoked}, return_when=asyncio.FIRST_COMPLETED)
+        if not sending.done():
+            sending.cancel()
+            raise _Revoked
+        sending.result()
+        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        relay = asyncio.ensure_future(_relay_response(scope, send, upstream, reader, answer))
+        try:
+            await asyncio.wait({gone, relay, revoked}, return_when=asyncio.FIRST_COMPLETED)
+            if relay.done():
+                relay.result()  # raises what the relay raised
+            elif revoked.done():
+                raise _Revoked
+        finally:
+            for task in (gone, relay):
+                task.cancel()
     finally:
-        for task in (gone, relay):
-            task.cancel()
+        revoked.cancel()
 
 
 async def _send_request(scope: dict[str, Any], receive: Any, upstream: h11.Connection,
@@ -155,7 +198,7 @@ async def _next_event(upstream: h11.Connection, reader: asyncio.StreamReader) ->
 
 
 async def _relay_response(scope: dict[str, Any], send: Any, upstream: h11.Connection,
-                          reader: asyncio.StreamReader) -> None:
+                          reader: asyncio.StreamReader, answer: _Answer) -> None:
     try:
         event = await _next_event(upstream, reader)
         while isinstance(event, h11.InformationalResponse):  # 100 Continue and the like
@@ -166,6 +209,7 @@ async def _relay_response(scope: dict[str, Any], send: Any, upstream: h11.Connec
     if not isinstance(event, h11.Response):
         await plain_response(send, 502, "The task's web port closed the connection without an answer.")
         return
+    answer.started = True
     await send({"type": "http.response.start", "status": event.status_code, "headers": hdrs.to_browser(event.headers)})
     while True:
         try:

@@ -5,8 +5,8 @@ The connection to the job goes through the node's forwarder
 (node_link.py), but the handshake names the task host (Host, and the
 browser's own Origin), so an app that checks its Origin against its Host
 (Jupyter does) sees a consistent pair. While it is open the user's right
-is checked again every RECHECK_SECONDS: a stopped task or a deactivated
-user closes it.
+is checked again every RECHECK_SECONDS (forward_http.py): a stopped task
+or a deactivated user closes it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from jobs.services.webports import WebPortTarget
 from jobs.webports import headers as hdrs
-from jobs.webports.forward_http import job_tls_context
+from jobs.webports.forward_http import job_tls_context, until_revoked
 from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_socket
 
-RECHECK_SECONDS = 5.0
 # A message from the job (uvicorn's default bound; the browser's to the job
 # are bounded by the portal's workers, WS_MAX_MESSAGE_BYTES in portal/workers.py).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -110,7 +109,5 @@ async def _to_browser(send: Any, upstream: ClientConnection) -> int:
 
 
 async def _recheck(still_allowed: Callable[[], Awaitable[bool]]) -> int:
-    while True:
-        await asyncio.sleep(RECHECK_SECONDS)
-        if not await still_allowed():
-            return CLOSE_FORBIDDEN
+    await until_revoked(still_allowed)
+    return CLOSE_FORBIDDEN

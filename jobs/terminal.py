@@ -9,7 +9,9 @@ admin may open one, only on a running task, and every session is recorded
 (TerminalSession, the audit log admins see): jobs/services/terminals.py
 checks and records, this module bridges. The session closes when the shell
 exits or the task ends, and when the right to open it is gone (the user
-signed out, changed their password, was deactivated or lost the job).
+signed out, changed their password, was deactivated or lost the job), and
+when the browser has sent no input for TERMINAL_IDLE_SECONDS (a forgotten
+tab; resizes, which the page sends by itself, do not count).
 
 Input is back-pressured: every write to the shell waits until the engine
 has taken it (drain), and Channels hands this consumer its next message only
@@ -27,6 +29,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -50,6 +53,7 @@ SHELL_ENV = ["TERM=xterm-256color", "COLORTERM=truecolor"]
 CLOSE_SIGNED_OUT = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_TOO_MANY = 4429
+CLOSE_IDLE = 4408
 CLOSE_NOT_RUNNING = 4409
 CLOSE_TASK_ENDED = 4410
 CLOSE_ERROR = 4500
@@ -58,6 +62,7 @@ CONTAINER_STOP_CHECKS = 8
 MAX_INPUT_CHARS = 64 * 1024
 SHELL_LOST = "the connection to the shell was lost"
 SHELL_STALLED = "the shell took no input for {seconds:g} s; the session is closed"
+IDLE = "no input for {seconds} s: the terminal is closed"
 
 # One Engine per Docker host: its clients are per thread, and the thread pool
 # behind asyncio.to_thread is small, so this stays bounded.
@@ -105,6 +110,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.shell_pid: int | None = None
         self.tasks: list[asyncio.Task] = []
         self.end_reason = "closed by the browser"
+        self.last_input = time.monotonic()
         user = self.scope["user"]
         self.user_id = user.pk if user.is_authenticated else None
         session = self.scope.get("session")
@@ -147,6 +153,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.writer is None:
             return
         if bytes_data:
+            self.last_input = time.monotonic()
             await self._write(bytes_data[:MAX_INPUT_CHARS])
             return
         try:
@@ -156,6 +163,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if not isinstance(message, dict):
             return
         if message.get("type") == "input" and isinstance(message.get("data"), str):
+            self.last_input = time.monotonic()
             # JSON may carry a lone surrogate ("\ud800"), which UTF-8 cannot
             # hold: an exception here would end the consumer without its
             # disconnect (the session left open, the shell not hung up).
@@ -225,7 +233,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def _watch(self) -> None:
         """Close the session when the task ends (its container may linger),
-        or when the user may no longer have it open."""
+        when the user may no longer have it open, or when nobody typed in it
+        for TERMINAL_IDLE_SECONDS."""
         while True:
             await asyncio.sleep(WATCH_SECONDS)
             if not await database_sync_to_async(task_running)(self.attempt_id):
@@ -234,10 +243,13 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             gone = await database_sync_to_async(terminals.terminal_session_check)(
                 user_id=self.user_id, session_key=self.session_key, attempt_id=self.attempt_id)
             if gone:
-                await self._revoke(gone)
+                await self._revoke(gone, CLOSE_SIGNED_OUT if gone == terminals.SIGNED_OUT else CLOSE_FORBIDDEN)
+                return
+            if time.monotonic() - self.last_input > settings.TERMINAL_IDLE_SECONDS:
+                await self._revoke(IDLE.format(seconds=settings.TERMINAL_IDLE_SECONDS), CLOSE_IDLE)
                 return
 
-    async def _revoke(self, reason: str) -> None:
+    async def _revoke(self, reason: str, code: int) -> None:
         self.end_reason = reason
         for task in self.tasks:
             if task is not asyncio.current_task():
@@ -248,7 +260,6 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             self.writer.transport.abort()
             self.writer = None  # input queued meanwhile is dropped, and cannot re-word the end
         await self.send(text_data=json.dumps({"type": "error", "message": reason}))
-        code = CLOSE_SIGNED_OUT if reason == terminals.SIGNED_OUT else CLOSE_FORBIDDEN
         await self.close(code=code)
 
     async def _task_ended(self) -> None:

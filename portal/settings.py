@@ -312,6 +312,10 @@ TERMINAL_SESSIONS_PER_USER = env_int("TERMINAL_SESSIONS_PER_USER", 4, minimum=1)
 # A terminal whose shell takes none of the user's input for this long is
 # closed (its input waits for the shell, never piles up in the portal).
 TERMINAL_INPUT_STALL_SECONDS = env_float("TERMINAL_INPUT_STALL_SECONDS", 30.0, minimum=1.0)
+# A terminal its browser sends no input to for this long is closed: a shell
+# left open in a forgotten tab is root in the container for whoever comes to
+# that screen, holds one of the user's sessions, and keeps the task "in use".
+TERMINAL_IDLE_SECONDS = env_int("TERMINAL_IDLE_SECONDS", 3600, minimum=1)
 # Requests and WebSockets of one user the web-port proxy forwards at once,
 # per portal worker: each holds a socket in the worker and two in the node
 # agent's forwarder for as long as the client and the job (both the user's)

@@ -28,7 +28,7 @@
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     var socket = new WebSocket(scheme + location.host + box.dataset.wsPath);
     socket.binaryType = "arraybuffer";
-    var reasons = { 4401: "you signed out", 4403: "not allowed", 4409: "the task is not running",
+    var reasons = { 4401: "you signed out", 4403: "not allowed", 4408: "no input for too long", 4409: "the task is not running",
                     4410: "the task has ended", 4429: "too many terminals open",
                     4500: "the shell could not be opened", 1000: "the shell exited" };
     var closedBy = "";

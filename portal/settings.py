@@ -46,6 +46,13 @@ CSRF_TRUSTED_ORIGINS = env_list("PORTAL_CSRF_TRUSTED_ORIGINS", [])
 HTTPS = env_bool("PORTAL_HTTPS", False)
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
+if HTTPS:
+    # A browser takes a __Host- cookie from this very host only (Secure,
+    # Path=/, no Domain): no page of another host under a shared domain (a
+    # task's web port, review finding 56) can set the portal's session or
+    # CSRF cookie. Over plain HTTP the prefix would keep them from being set.
+    SESSION_COOKIE_NAME = "__Host-sessionid"
+    CSRF_COOKIE_NAME = "__Host-csrftoken"
 SECURE_SSL_REDIRECT = HTTPS
 SECURE_HSTS_SECONDS = env_int("PORTAL_HSTS_SECONDS", 31536000 if HTTPS else 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
@@ -365,6 +372,34 @@ if METRICS_TOKEN and len(METRICS_TOKEN) < 32:
 PORTAL_URL = env_str("PORTAL_URL", "").strip().rstrip("/")
 if PORTAL_URL and not re.match(r"https?://[^/\s]+(/\S*)?\Z", PORTAL_URL):
     raise ImproperlyConfigured(f"PORTAL_URL={PORTAL_URL!r}: expected http(s)://host[:port][/path]")
+
+
+def _proxy_domain_clash(proxy_domain: str, portal_hosts: list[str]) -> str | None:
+    """A host name of the portal's that task hosts (t<n>.<proxy_domain>)
+    could set cookies for: the proxy domain itself, a parent of it, or a
+    name under it. A page may set a cookie for any parent domain of its
+    host, and the browser sends it to every host under that domain (review
+    finding 56). `localhost` is exempt: browsers set no cookie for all of it."""
+    if proxy_domain == "localhost":
+        return None
+    for entry in portal_hosts:
+        # ".example.org" (ALLOWED_HOSTS) and "*.example.org" (trusted
+        # origins) stand for example.org and every name under it.
+        host = entry.lower().removeprefix("*").lstrip(".").rstrip(".")
+        if not host or host.startswith("["):
+            continue
+        if host == proxy_domain or proxy_domain.endswith("." + host) or host.endswith("." + proxy_domain):
+            return entry
+    return None
+
+
+_clash = _proxy_domain_clash(PORTAL_PROXY_DOMAIN, [
+    *ALLOWED_HOSTS, *(re.sub(r"^https?://|[:/].*$", "", origin) for origin in [*CSRF_TRUSTED_ORIGINS, PORTAL_URL])])
+if _clash is not None:
+    raise ImproperlyConfigured(
+        f"PORTAL_PROXY_DOMAIN={PORTAL_PROXY_DOMAIN!r} shares the portal's host name {_clash!r}: a task's page could "
+        "set the portal's cookies (its session, its CSRF token). Give task hosts a domain of their own, e.g. "
+        "portal pai.example.org, PORTAL_PROXY_DOMAIN=pai-jobs.example.net.")
 # Where webhooks may be delivered: CIDRs, and "public" for every globally
 # routable address (never loopback, private, link-local, the cloud metadata
 # address ...). Checked on the address each delivery connects to.

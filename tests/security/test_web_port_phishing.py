@@ -102,6 +102,10 @@ def test_it_lets_no_other_browser_in_with_what_the_owner_was_handed(attackers_ta
             assert entered.status_code in (403, 405), (send_on, entered.status_code, entered.headers)
             assert "pai_webport" not in entered.headers.get("Set-Cookie", "")
             assert victim.get("/echo", headers={"Cookie": victim_cookie} if victim_cookie else None).status_code == 403
+    # A body that is no ticket is a clear 413, not a worker holding it.
+    host, path, _ticket = _handed_over(attacker.get(base + link_of(attempt), allow_redirects=False))
+    huge = TaskHostClient(base, host).request("POST", path, data="ticket=" + "x" * 8000, headers={"Origin": base})
+    assert huge.status_code == 413
     # The owner's own browser still gets in, once per ticket.
     client, landing = follow_to_task_host(attacker, base, link_of(attempt))
     assert landing == "/echo" and client.get("/echo").status_code == 200

@@ -133,3 +133,19 @@ def test_it_tells_an_admin_whose_port_it_is_before_letting_them_in(attackers_tas
     refused = stranger.post(base + link_of(attempt), data={"csrfmiddlewaretoken": stranger.cookies["csrftoken"]},
                             headers={"Referer": base + "/"}, allow_redirects=False)
     assert refused.status_code == 404
+
+
+@pytest.mark.services
+@pytest.mark.browser
+def test_an_admin_goes_on_from_the_notice_in_a_browser(page, attackers_task, admin_user, cluster):
+    from playwright.sync_api import expect
+
+    from tests.browser import login as browser_login
+
+    owner, attempt = attackers_task
+    browser_login(page, admin_user)
+    page.goto(link_of(attempt))
+    expect(page.get_by_role("heading")).to_contain_text(owner.username)
+    page.get_by_role("button", name=f"Open {owner.username}'s port").click()
+    page.wait_for_url(f"http://t{attempt.pk}-{attempt.ports[LABEL][0]}.localhost:*/echo")
+    assert '"path": "/echo"' in page.content()

@@ -353,6 +353,10 @@ FIXED_PORTS_ALLOWED = env_port_list("FIXED_PORTS_ALLOWED")
 # Registries a job's image may name although they are on a private (or, for a
 # test set-up, loopback) address: "registry:5000", host names or CIDRs.
 REGISTRY_ALLOWED = env_list("REGISTRY_ALLOWED", [])
+# A pull with no news from the engine for this long is given up (a registry
+# that stops sending mid-download would hold a node's launch for good);
+# 0: no limit. Extraction sends news too, so this bounds silence, not size.
+IMAGE_PULL_STALL_SECONDS = env_int("IMAGE_PULL_STALL_SECONDS", 300, minimum=0)
 # The Submit page's live check of a config as it is typed, per user.
 LIVE_CHECKS_PER_MINUTE = env_int("LIVE_CHECKS_PER_MINUTE", 60, minimum=1)
 # Job submissions through the REST API, per token and minute (a fixed

@@ -4,7 +4,9 @@ so no certificate is needed."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +15,9 @@ from pathlib import Path
 
 from tests import services as test_services
 from tests.cluster import free_port, wait_for
+
+# The registries running_registry started, by address, for frozen().
+_PROCESSES: dict[str, subprocess.Popen] = {}
 
 
 @contextmanager
@@ -38,8 +43,11 @@ def running_registry(folder: Path, *, users: dict[str, str] | None = None) -> It
     try:
         wait_for(lambda: process.poll() is None and socket.create_connection(("127.0.0.1", port), 1).close() is None,
                  timeout=20, what="the registry to listen")
+        _PROCESSES[f"127.0.0.1:{port}"] = process
         yield f"127.0.0.1:{port}"
     finally:
+        _PROCESSES.pop(f"127.0.0.1:{port}", None)
+        process.send_signal(signal.SIGCONT)  # a frozen() left stopped would not hear SIGTERM
         process.terminate()
         try:
             process.wait(10)
@@ -50,11 +58,27 @@ def running_registry(folder: Path, *, users: dict[str, str] | None = None) -> It
 
 
 @contextmanager
-def registry_agent(cluster, registry: str, name: str, *, gpus: int, gpu_type: str) -> Iterator[str]:
+def frozen(address: str) -> Iterator[None]:
+    """The registry at `address` (one of running_registry's) stopped with
+    SIGSTOP: connections to it are accepted by the kernel and then nothing
+    is ever sent, as from a registry that hangs, mid-download or before;
+    continued at the end."""
+    process = _PROCESSES[address]
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
+@contextmanager
+def registry_agent(cluster, registry: str, name: str, *, gpus: int, gpu_type: str,
+                   env: dict[str, str] | None = None) -> Iterator[str]:
     """A node agent of its own (the cluster's port range 5), to which the
-    admin opened the loopback registry; stopped at the end."""
+    admin opened the loopback registry, with `env` in its environment too;
+    stopped at the end."""
     cluster.start_agent(name, ports=cluster.port_range(5), gpus=gpus, gpu_type=gpu_type,
-                        env={"REGISTRY_ALLOWED": registry})
+                        env={"REGISTRY_ALLOWED": registry, **(env or {})})
     try:
         yield name
     finally:

@@ -27,6 +27,10 @@ Which repositories needed credentials is kept per portal instance and engine
 in a file (PrivateImages), which the agents of the engine's host share.
 Images pulled with credentials by a version before this one are not in it.
 
+A pull that gets no news from the engine for IMAGE_PULL_STALL_SECONDS is
+given up (finding 40): a registry that stops sending mid-download would
+otherwise hold the pull, and the launch thread waiting for it, for good.
+
 A pull's progress (PullRecord) goes to the database for the job page: at
 its start, then at most every PROGRESS_INTERVAL seconds (a pull sends
 several events per layer per second), and at its end with any error.
@@ -239,12 +243,13 @@ class ImageGate:
         note(f"pulled image {image}")
 
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
+        stall = settings.IMAGE_PULL_STALL_SECONDS or None
         if record is None:
-            self.engine.ensure_image(image, auth)
+            self.engine.ensure_image(image, auth, stall_seconds=stall)
             return
         record.start()
         try:
-            self.engine.ensure_image(image, auth, progress=record.progress)
+            self.engine.ensure_image(image, auth, progress=record.progress, stall_seconds=stall)
         except LaunchError as exc:
             record.finish(exc.message)
             raise

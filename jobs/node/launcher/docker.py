@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import json
 import logging
 import re
 import socket
@@ -24,8 +25,11 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 import docker
+import docker.auth
 import docker.errors
+import docker.utils
 import requests.exceptions
+import urllib3.exceptions
 from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, LogConfig
 
 from jobs.images import reference_key
@@ -151,14 +155,13 @@ class DockerEngine:
             raise LaunchError("IMAGE_PULL", f"the registry could not be asked: {exc.__class__.__name__}") from None
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
-                     progress: PullWatcher | None = None) -> bool:
+                     progress: PullWatcher | None = None, stall_seconds: float | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled."""
         if self.has_image(image):
             return False
-        repository, tag = _split_image(image)
         tally = PullTally()
         try:
-            for event in self.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=_auth_config(auth)):
+            for event in self._pull_events(image, auth, stall_seconds):
                 if isinstance(event, dict) and event.get("error"):
                     raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
                 if progress is not None and isinstance(event, dict) and tally.add(event):
@@ -166,10 +169,36 @@ class DockerEngine:
         except docker.errors.APIError as exc:
             raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {exc.explanation or exc}", auth)) from None
         except requests.exceptions.RequestException as exc:
+            if _timed_out(exc):
+                raise LaunchError("IMAGE_PULL", (
+                    f"could not pull image {image}: the registry sent nothing for {stall_seconds:g} s "
+                    "(IMAGE_PULL_STALL_SECONDS); the pull was given up")) from None
             raise LaunchError("IMAGE_PULL", f"could not pull image {image}: {exc.__class__.__name__}") from None
         if not self.has_image(image):
             raise LaunchError("IMAGE_PULL", f"could not pull image {image}: the registry sent nothing")
         return True
+
+    def _pull_events(self, image: str, auth: RegistryAuth | None, stall_seconds: float | None) -> Iterator[dict]:
+        """The engine's pull events, read with at most `stall_seconds` (None:
+        no limit) between two. The SDK's own pull reads without a timeout, and
+        the engine has none for a layer's body: a registry that stops sending
+        mid-download held the pull, and the launch that waits for it, for
+        good. Closing the connection, as at the end here, makes the engine
+        give up its pull too (unless another client waits for the same one)."""
+        # As the SDK's pull sends it: a digest goes as the "tag".
+        repository, tag = _split_image(image)
+        repository, named_tag = docker.utils.parse_repository_tag(repository)
+        params = {"fromImage": repository, "tag": tag or named_tag or "latest"}
+        headers = {"X-Registry-Auth": docker.auth.encode_header(_auth_config(auth))}
+        response = self.api.post(self.api._url("/images/create"), params=params, headers=headers, stream=True,
+                                 timeout=(self._timeout, stall_seconds))
+        try:
+            self.api._raise_for_status(response)
+            for line in response.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            response.close()
 
     # -------------------------------------------------------------- networks
 
@@ -575,6 +604,14 @@ def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
             info.size, info.mode = len(content), mode
             archive.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
+
+
+def _timed_out(exc: requests.exceptions.RequestException) -> bool:
+    """A read that waited past its timeout: before the answer's headers
+    (ReadTimeout) or within its body (requests wraps urllib3's error)."""
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args)
 
 
 def _auth_config(auth: RegistryAuth | None) -> dict[str, str]:

@@ -357,6 +357,10 @@ REGISTRY_ALLOWED = env_list("REGISTRY_ALLOWED", [])
 # that stops sending mid-download would hold a node's launch for good);
 # 0: no limit. Extraction sends news too, so this bounds silence, not size.
 IMAGE_PULL_STALL_SECONDS = env_int("IMAGE_PULL_STALL_SECONDS", 300, minimum=0)
+# Image pulls one user may have under way on one node at once; their other
+# launches there wait, off the node's 4 launch threads (jobs/node/images.py
+# PullSlots), so that others' launches go on. 0: no limit.
+IMAGE_PULLS_PER_USER = env_int("IMAGE_PULLS_PER_USER", 2, minimum=0)
 # The Submit page's live check of a config as it is typed, per user.
 LIVE_CHECKS_PER_MINUTE = env_int("LIVE_CHECKS_PER_MINUTE", 60, minimum=1)
 # Job submissions through the REST API, per token and minute (a fixed

@@ -181,6 +181,59 @@ def _wait_unless_stopped(pull: Callable[[], None], stopped: Callable[[], bool], 
         raise failure[0]
 
 
+class PullDeferred(Exception):
+    """The task's owner has their share of pulls under way on this node: its
+    launch waits, off the launch threads, for one of them to end."""
+
+
+class PullSlots:
+    """At most `per_owner` pulls of one user under way on a node at once
+    (finding 41). A launch waits for its pull on one of the node's few
+    launch threads (runner.LAUNCH_THREADS): without a share, one user's job
+    of that many tasks on a slow or trickling registry held every launch of
+    the node, every other user's included. A launch over the share is set
+    aside, not blocked, and handed back when a pull of its owner ends."""
+
+    def __init__(self, per_owner: int) -> None:
+        self.per_owner = per_owner
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}
+        self._waiting: dict[int, list[int]] = {}  # owner -> attempts set aside, oldest first
+
+    def take_or_wait(self, owner: int, attempt_id: int) -> bool:
+        """A slot for this pull (True), or the attempt set aside (False);
+        in one step, so that a pull ending meanwhile cannot miss it."""
+        with self._lock:
+            if self.per_owner <= 0 or self._held.get(owner, 0) < self.per_owner:
+                self._held[owner] = self._held.get(owner, 0) + 1
+                return True
+            self._waiting.setdefault(owner, []).append(attempt_id)
+            return False
+
+    def release(self, owner: int) -> int | None:
+        """A pull of `owner` ended: the attempt of theirs to launch again, if any."""
+        with self._lock:
+            self._held[owner] = max(0, self._held.get(owner, 0) - 1)
+            waiting = self._waiting.get(owner)
+            if not waiting:
+                return None
+            attempt_id = waiting.pop(0)
+            if not waiting:
+                del self._waiting[owner]
+            return attempt_id
+
+    def withdraw(self, attempt_id: int) -> bool:
+        """Take a set-aside attempt back (its task was stopped); False if it is not waiting."""
+        with self._lock:
+            for owner, waiting in self._waiting.items():
+                if attempt_id in waiting:
+                    waiting.remove(attempt_id)
+                    if not waiting:
+                        del self._waiting[owner]
+                    return True
+        return False
+
+
 class ImageGate:
     """Makes sure of a task's image before its launch, by the rules above.
 
@@ -191,9 +244,12 @@ class ImageGate:
     image removed meanwhile is caught when the container is created
     (ImageMissing): the runner then forgets it and asks again."""
 
-    def __init__(self, engine: Engine, private: PrivateImages) -> None:
+    def __init__(self, engine: Engine, private: PrivateImages, *, slots: PullSlots | None = None,
+                 relaunch: Callable[[int], None] | None = None) -> None:
         self.engine = engine
         self.private = private
+        self.slots = slots or PullSlots(0)
+        self._relaunch = relaunch  # hands back an attempt set aside by `slots`
         self._seen: set[str] = set()
 
     def forget(self, image: str) -> None:
@@ -212,12 +268,14 @@ class ImageGate:
 
     def ensure(self, image: str, auth: RegistryAuth | None, *, allowed: Iterable[str],
                note: Callable[[str], None], attempt_id: int | None = None,
-               stopped: Callable[[], bool] | None = None) -> None:
+               stopped: Callable[[], bool] | None = None, owner: int | None = None) -> None:
         """`attempt_id`: the task attempt whose launch waits, to show its pull
         on the job page. `stopped`: whether its task was stopped meanwhile;
         then the launch stops waiting for the pull (LaunchStopped). The pull
         goes on: Docker cancels one only when its connection is lost, and
-        another task may want the image; its record still ends."""
+        another task may want the image; its record still ends. `owner`: the
+        user whose share of pulls (PullSlots) this one counts in; over it,
+        PullDeferred."""
         present = self._present(image)
         recheck = present and (auth is not None or image in self.private)
         if present and not recheck:
@@ -234,13 +292,29 @@ class ImageGate:
             # thread of this agent, or another agent of the engine) must find
             # it private; so must the next agent, if this one dies mid-pull.
             self.private.add(image)
+        shared = owner is not None and attempt_id is not None
+        if shared and not self.slots.take_or_wait(owner, attempt_id):
+            raise PullDeferred()
         note(f"pulling image {image}")
         record = PullRecord(attempt_id, image) if attempt_id is not None else None
+
+        def pull() -> None:
+            try:
+                self._pull(image, auth, record)
+            finally:  # the pull itself ended, not the launch's wait for it
+                if shared:
+                    self._slot_freed(owner)
+
         if stopped is None:
-            self._pull(image, auth, record)
+            pull()
         else:
-            _wait_unless_stopped(lambda: self._pull(image, auth, record), stopped, image)
+            _wait_unless_stopped(pull, stopped, image)
         note(f"pulled image {image}")
+
+    def _slot_freed(self, owner: int) -> None:
+        waiting = self.slots.release(owner)
+        if waiting is not None and self._relaunch is not None:
+            self._relaunch(waiting)
 
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
         stall = settings.IMAGE_PULL_STALL_SECONDS or None

@@ -30,7 +30,7 @@ from jobs import environment, keys, services, storage
 from jobs.models import ExitType, Job, SshKey, TaskAttempt
 from jobs.node import launcher
 from jobs.node.context import NodeContext
-from jobs.node.images import ImageGate, PrivateImages, resolve_host
+from jobs.node.images import ImageGate, PrivateImages, PullDeferred, PullSlots, resolve_host
 from jobs.node.staging import CodeStager, owner_reader, stage_folder
 from jobs.services.access import ensure_job_key_pair
 from jobs.spec import JobSpec
@@ -242,7 +242,8 @@ class Runner:
         self.engine = context.engine
         self.writer = context.writer
         self._code = CodeStager()
-        self._images = ImageGate(context.engine, PrivateImages.for_engine(context.node.engine_id))
+        self._images = ImageGate(context.engine, PrivateImages.for_engine(context.node.engine_id),
+                                 slots=PullSlots(settings.IMAGE_PULLS_PER_USER), relaunch=self._relaunch)
         self._lock = threading.Lock()
         self._launching: set[int] = set()  # claimed, not yet handed to a watcher
         self._stop_asked: set[int] = set()  # of those, the ones to stop once started
@@ -265,6 +266,11 @@ class Runner:
             self._launching.add(attempt_id)
         self._launches.put((attempt_id, timing))
 
+    def _relaunch(self, attempt_id: int) -> None:
+        """An attempt set aside while its owner's pulls were under way
+        (PullSlots) goes back in line; it is still claimed and launching."""
+        self._launches.put((attempt_id, LaunchTiming(attempt_id)))
+
     def is_launching(self, attempt_id: int) -> bool:
         with self._lock:
             return attempt_id in self._launching
@@ -282,17 +288,23 @@ class Runner:
     def _launch_loop(self) -> None:
         while True:
             attempt_id, timing = self._launches.get()
+            set_aside = False
             try:
                 close_old_connections()
                 self._launch_and_watch(attempt_id, timing)
+            except PullDeferred:
+                set_aside = True  # still launching: PullSlots hands it back
+                self.writer.note(attempt_id, f"waiting to pull its image: this user has {settings.IMAGE_PULLS_PER_USER} "
+                                             "image pulls under way on this node (IMAGE_PULLS_PER_USER)")
             except Exception:
                 log.exception("launching task attempt %s failed", attempt_id)
                 connection.close()
             finally:
-                with self._lock:
-                    self._launching.discard(attempt_id)
-                    self._stop_asked.discard(attempt_id)
-                timing.write()
+                if not set_aside:
+                    with self._lock:
+                        self._launching.discard(attempt_id)
+                        self._stop_asked.discard(attempt_id)
+                    timing.write()
 
     def _stop_was_asked(self, attempt_id: int) -> bool:
         with self._lock:
@@ -312,6 +324,8 @@ class Runner:
             self._notes_written(attempt_id)
             services.attempt_record_exit(attempt_id, services.ContainerExit(None))
             return
+        except PullDeferred:
+            raise
         except launcher.LaunchError as exc:
             self.writer.note(attempt_id, exc.message)
             self._notes_written(attempt_id)
@@ -360,7 +374,7 @@ class Runner:
         def ensure_image() -> None:
             self._images.ensure(image, auth, allowed=settings.REGISTRY_ALLOWED,
                                 note=lambda text: self.writer.note(attempt_id, text), attempt_id=attempt_id,
-                                stopped=lambda: self._stop_was_asked(attempt_id))
+                                stopped=lambda: self._stop_was_asked(attempt_id), owner=ctx.job.owner_id)
 
         self._unless_stopped(attempt_id)  # stopped while it waited for a launch thread
         ensure_image()
@@ -505,6 +519,8 @@ class Runner:
             with self._lock:
                 if attempt_id in self._launching:
                     self._stop_asked.add(attempt_id)  # stopped as soon as it has started
+                    if self._images.slots.withdraw(attempt_id):
+                        self._relaunch(attempt_id)  # set aside: in line again, it ends stopped at once
                     return
             watcher = self.context.watchers.get(attempt_id)  # its launch ended meanwhile
             if watcher is not None:

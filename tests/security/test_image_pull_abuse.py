@@ -9,7 +9,13 @@ node, every other user's included, for good.
 Against a real registry (Debian's docker-registry on loopback) frozen with
 SIGSTOP once the node has begun to download the image's big layer: the
 kernel keeps the connection open and nothing more ever arrives, as from a
-registry that hangs on purpose."""
+registry that hangs on purpose.
+
+Finding 41: a pull that goes on (a big image, a registry that trickles, or
+one that hangs where no stall limit is set) held its launch thread all the
+while, so one user's job of LAUNCH_THREADS tasks held every launch of the
+node. Now one user has at most IMAGE_PULLS_PER_USER pulls under way on a
+node; their other launches there wait off the launch threads."""
 
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ import docker
 import docker.errors
 import pytest
 
-from jobs.models import ExitType, ImagePull, State
+from jobs import services
+from jobs.models import ExitType, ImagePull, Job, LogLine, State, Stream
 from jobs.node.runner import LAUNCH_THREADS
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
@@ -29,7 +36,6 @@ from tests.registry import frozen, registry_agent, running_registry
 
 pytestmark = pytest.mark.services
 
-NODE, GPU_TYPE = "t-node-pullabuse", "PULLABUSE"
 STALL_SECONDS = 4
 LAYER_MB = 800  # long enough to download (seconds on loopback) that the registry is frozen mid-way
 
@@ -72,12 +78,29 @@ def big_image(registry) -> Iterator[str]:
         forget(image)
 
 
-@pytest.fixture(scope="module")
-def abuse_node(cluster, registry) -> Iterator[str]:
-    """Room for one user's LAUNCH_THREADS tasks and one task of another's."""
-    with registry_agent(cluster, registry, NODE, gpus=LAUNCH_THREADS + 1, gpu_type=GPU_TYPE,
-                        env={"IMAGE_PULL_STALL_SECONDS": str(STALL_SECONDS)}) as name:
-        yield name
+def abuse_node(cluster, registry: str, gpu_type: str, **env: str):
+    """A node of its own, with room for one user's LAUNCH_THREADS tasks and
+    one task of another's, its agent's environment given `env`."""
+    return registry_agent(cluster, registry, f"t-node-{gpu_type.lower()}", gpus=LAUNCH_THREADS + 1,
+                          gpu_type=gpu_type, env=env)
+
+
+def hog(alice, image: str, gpu_type: str) -> Job:
+    """Alice's job of LAUNCH_THREADS tasks pulling `image`, once its pull is
+    under way (and the registry may be frozen mid-download)."""
+    job = submit(alice, config("hang", role(command="echo hang ran", tasks=LAUNCH_THREADS, gpus=1),
+                               image=image, gpuType=gpu_type))
+    wait_for(lambda: ImagePull.objects.filter(attempt__job=job, state=ImagePull.State.PULLING,
+                                              bytes_done__gt=0).exists(),
+             timeout=60, interval=0.05, what="the pull to be under way")
+    return job
+
+
+def others_job_runs(bob, gpu_type: str, timeout: float) -> None:
+    other = submit(bob, config("other", role(command="echo other ran", gpus=1), gpuType=gpu_type))
+    other = wait_state(other, State.SUCCEEDED, State.FAILED, timeout=timeout)
+    assert other.state == State.SUCCEEDED, other.exit_reason
+    assert lines(other) == ["other ran"]
 
 
 @pytest.fixture(autouse=True)
@@ -85,26 +108,36 @@ def _registry_allowed(settings, registry) -> None:
     settings.REGISTRY_ALLOWED = [registry]  # submission runs in this process
 
 
-def test_a_registry_that_stops_sending_holds_no_launch_of_the_node(alice, bob, registry, big_image, abuse_node):
-    hog = submit(alice, config("hang", role(command="echo hang ran", tasks=LAUNCH_THREADS, gpus=1),
-                               image=big_image, gpuType=GPU_TYPE))
-    wait_for(lambda: ImagePull.objects.filter(attempt__job=hog, state=ImagePull.State.PULLING,
-                                              bytes_done__gt=0).exists(),
-             timeout=60, interval=0.05, what="the pull to be under way")
-    with frozen(registry):
-        other = submit(bob, config("other", role(command="echo other ran", gpus=1), gpuType=GPU_TYPE))
-        other = wait_state(other, State.SUCCEEDED, State.FAILED, timeout=STALL_SECONDS + 45)
-        assert other.state == State.SUCCEEDED, other.exit_reason
-        assert lines(other) == ["other ran"]
+def test_a_registry_that_stops_sending_holds_no_launch_of_the_node(alice, bob, registry, big_image, cluster):
+    with abuse_node(cluster, registry, "STALL", IMAGE_PULL_STALL_SECONDS=str(STALL_SECONDS),
+                    IMAGE_PULLS_PER_USER="0"):
+        job = hog(alice, big_image, "STALL")
+        with frozen(registry):
+            others_job_runs(bob, "STALL", timeout=STALL_SECONDS + 45)
+            job = wait_state(job, State.FAILED, timeout=30)
+            assert job.exit_type == ExitType.IMAGE_PULL, job.exit_reason
+            assert f"the registry sent nothing for {STALL_SECONDS} s" in job.exit_reason, job.exit_reason
+            assert "IMAGE_PULL_STALL_SECONDS" in job.exit_reason
+            failed = ImagePull.objects.filter(attempt__job=job, state=ImagePull.State.FAILED).first()
+            assert failed is not None and "sent nothing" in failed.error
+        # Given up by the engine too, not left to go on for no one once the
+        # registry answers again.
+        time.sleep(3)
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker.from_env().api.inspect_image(big_image)
 
-        hog = wait_state(hog, State.FAILED, timeout=30)
-        assert hog.exit_type == ExitType.IMAGE_PULL, hog.exit_reason
-        assert f"the registry sent nothing for {STALL_SECONDS} s" in hog.exit_reason, hog.exit_reason
-        assert "IMAGE_PULL_STALL_SECONDS" in hog.exit_reason
-        failed = ImagePull.objects.filter(attempt__job=hog, state=ImagePull.State.FAILED).first()
-        assert failed is not None and "sent nothing" in failed.error
-    # Given up by the engine too, not left to go on for no one once the
-    # registry answers again.
-    time.sleep(3)
-    with pytest.raises(docker.errors.ImageNotFound):
-        docker.from_env().api.inspect_image(big_image)
+
+def test_one_users_pulls_hold_no_more_than_their_share_of_the_nodes_launches(
+        alice, bob, registry, big_image, cluster):
+    # No stall limit: the pulls go on as long as the registry is frozen, as
+    # they would from one that trickles.
+    with abuse_node(cluster, registry, "SHARE", IMAGE_PULL_STALL_SECONDS="0"):
+        job = hog(alice, big_image, "SHARE")
+        with frozen(registry):
+            others_job_runs(bob, "SHARE", timeout=45)
+            assert State.RUNNING == Job.objects.get(pk=job.pk).state  # still pulling, and waiting for its share
+            waiting = "this user has 2 image pulls under way on this node (IMAGE_PULLS_PER_USER)"
+            wait_for(lambda: LogLine.objects.filter(attempt__job=job, stream=Stream.PLATFORM, text__contains=waiting)
+                     .exists(), timeout=10, what="the waiting tasks' note")
+            services.job_stop(job=job, by=alice)
+            job = wait_state(job, State.STOPPED, timeout=30)  # the tasks set aside end too

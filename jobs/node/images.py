@@ -29,7 +29,9 @@ Images pulled with credentials by a version before this one are not in it.
 
 A pull that gets no news from the engine for IMAGE_PULL_STALL_SECONDS is
 given up (finding 40): a registry that stops sending mid-download would
-otherwise hold the pull, and the launch thread waiting for it, for good.
+otherwise hold the pull, and the launch thread waiting for it, for good. So
+is one whose new layers pass IMAGE_PULL_MAX_MB (finding 42): an enormous
+image filled the disk the node's other tasks write to.
 
 A pull's progress (PullRecord) goes to the database for the job page: at
 its start, then at most every PROGRESS_INTERVAL seconds (a pull sends
@@ -317,13 +319,14 @@ class ImageGate:
             self._relaunch(waiting)
 
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
-        stall = settings.IMAGE_PULL_STALL_SECONDS or None
+        limits = {"stall_seconds": settings.IMAGE_PULL_STALL_SECONDS or None,
+                  "max_mb": settings.IMAGE_PULL_MAX_MB or None}
         if record is None:
-            self.engine.ensure_image(image, auth, stall_seconds=stall)
+            self.engine.ensure_image(image, auth, **limits)
             return
         record.start()
         try:
-            self.engine.ensure_image(image, auth, progress=record.progress, stall_seconds=stall)
+            self.engine.ensure_image(image, auth, progress=record.progress, **limits)
         except LaunchError as exc:
             record.finish(exc.message)
             raise

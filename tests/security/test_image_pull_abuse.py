@@ -15,7 +15,11 @@ Finding 41: a pull that goes on (a big image, a registry that trickles, or
 one that hangs where no stall limit is set) held its launch thread all the
 while, so one user's job of LAUNCH_THREADS tasks held every launch of the
 node. Now one user has at most IMAGE_PULLS_PER_USER pulls under way on a
-node; their other launches there wait off the launch threads."""
+node; their other launches there wait off the launch threads.
+
+Finding 42: nothing bounded an image's size: one user's enormous image
+filled the disk of the node's engine, which every task on it writes to.
+Now a pull whose new layers pass IMAGE_PULL_MAX_MB is given up."""
 
 from __future__ import annotations
 
@@ -141,3 +145,15 @@ def test_one_users_pulls_hold_no_more_than_their_share_of_the_nodes_launches(
                      .exists(), timeout=10, what="the waiting tasks' note")
             services.job_stop(job=job, by=alice)
             job = wait_state(job, State.STOPPED, timeout=30)  # the tasks set aside end too
+
+
+def test_an_image_larger_than_the_limit_is_given_up_mid_pull(alice, registry, big_image, cluster):
+    with abuse_node(cluster, registry, "SIZE", IMAGE_PULL_MAX_MB="100"):
+        job = submit(alice, config("huge", role(command="echo huge ran", gpus=1), image=big_image, gpuType="SIZE"))
+        job = wait_state(job, State.SUCCEEDED, State.FAILED, timeout=90)
+        assert job.exit_type == ExitType.IMAGE_PULL, job.exit_reason
+        assert "its layers are larger than 100 MB (IMAGE_PULL_MAX_MB)" in job.exit_reason, job.exit_reason
+        assert lines(job) == []
+        time.sleep(3)  # the engine gave the pull up: nothing of it arrives later
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker.from_env().api.inspect_image(big_image)

@@ -9,6 +9,7 @@ call.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import ipaddress
 import json
@@ -155,17 +156,21 @@ class DockerEngine:
             raise LaunchError("IMAGE_PULL", f"the registry could not be asked: {exc.__class__.__name__}") from None
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
-                     progress: PullWatcher | None = None, stall_seconds: float | None = None) -> bool:
+                     progress: PullWatcher | None = None, stall_seconds: float | None = None,
+                     max_mb: int | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled."""
         if self.has_image(image):
             return False
         tally = PullTally()
         try:
-            for event in self._pull_events(image, auth, stall_seconds):
-                if isinstance(event, dict) and event.get("error"):
-                    raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
-                if progress is not None and isinstance(event, dict) and tally.add(event):
-                    progress(tally.progress())
+            with contextlib.closing(self._pull_events(image, auth, stall_seconds)) as events:
+                for event in events:
+                    if isinstance(event, dict) and event.get("error"):
+                        raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
+                    if isinstance(event, dict) and tally.add(event):
+                        _within(image, tally.progress(), max_mb)
+                        if progress is not None:
+                            progress(tally.progress())
         except docker.errors.APIError as exc:
             raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {exc.explanation or exc}", auth)) from None
         except requests.exceptions.RequestException as exc:
@@ -604,6 +609,17 @@ def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
             info.size, info.mode = len(content), mode
             archive.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
+
+
+def _within(image: str, progress: PullProgress, max_mb: int | None) -> None:
+    """Give the pull up once the layers it downloads are known to add up to
+    more than `max_mb` (compressed, as the registry sends them; layers the
+    engine has already do not count). The engine learns a layer's size as
+    its download starts: a few layers at once begin before this trips."""
+    if max_mb and progress.bytes_total > max_mb * 1_000_000:
+        raise LaunchError("IMAGE_PULL", (
+            f"could not pull image {image}: its layers are larger than {max_mb} MB (IMAGE_PULL_MAX_MB), "
+            f"{progress.bytes_total // 1_000_000} MB known so far; the pull was given up"))
 
 
 def _timed_out(exc: requests.exceptions.RequestException) -> bool:

@@ -360,6 +360,9 @@ IMAGE_PULL_STALL_SECONDS = env_int("IMAGE_PULL_STALL_SECONDS", 300, minimum=0)
 # The most an image's new layers may download (MB, compressed, as the
 # registry sends them); a bigger image is given up mid-pull. 0: no limit.
 IMAGE_PULL_MAX_MB = env_int("IMAGE_PULL_MAX_MB", 50_000, minimum=0)
+# The longest a pull may last, news or not (a registry that trickles sends
+# news for ever); 0: no limit.
+IMAGE_PULL_MAX_SECONDS = env_int("IMAGE_PULL_MAX_SECONDS", 7200, minimum=0)
 # Image pulls one user may have under way on one node at once; their other
 # launches there wait, off the node's 4 launch threads (jobs/node/images.py
 # PullSlots), so that others' launches go on. 0: no limit.

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,31 @@ def frozen(address: str) -> Iterator[None]:
     try:
         yield
     finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
+@contextmanager
+def trickling(address: str, *, stopped: float = 0.45, running: float = 0.05) -> Iterator[None]:
+    """The registry at `address` stopped and continued in turn (`stopped` s,
+    then `running` s), so that it sends a little now and then, as a registry
+    that trickles on purpose; running again at the end."""
+    process = _PROCESSES[address]
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            os.kill(process.pid, signal.SIGSTOP)
+            done.wait(stopped)
+            os.kill(process.pid, signal.SIGCONT)
+            done.wait(running)
+
+    thread = threading.Thread(target=cycle, name="trickle", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(5)
         os.kill(process.pid, signal.SIGCONT)
 
 

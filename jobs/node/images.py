@@ -31,7 +31,8 @@ A pull that gets no news from the engine for IMAGE_PULL_STALL_SECONDS is
 given up (finding 40): a registry that stops sending mid-download would
 otherwise hold the pull, and the launch thread waiting for it, for good. So
 is one whose new layers pass IMAGE_PULL_MAX_MB (finding 42): an enormous
-image filled the disk the node's other tasks write to.
+image filled the disk the node's other tasks write to; and one still under
+way after IMAGE_PULL_MAX_SECONDS (finding 43): a registry that trickles.
 
 A pull's progress (PullRecord) goes to the database for the job page: at
 its start, then at most every PROGRESS_INTERVAL seconds (a pull sends
@@ -320,7 +321,7 @@ class ImageGate:
 
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
         limits = {"stall_seconds": settings.IMAGE_PULL_STALL_SECONDS or None,
-                  "max_mb": settings.IMAGE_PULL_MAX_MB or None}
+                  "max_mb": settings.IMAGE_PULL_MAX_MB or None, "max_seconds": settings.IMAGE_PULL_MAX_SECONDS or None}
         if record is None:
             self.engine.ensure_image(image, auth, **limits)
             return

@@ -19,7 +19,13 @@ node; their other launches there wait off the launch threads.
 
 Finding 42: nothing bounded an image's size: one user's enormous image
 filled the disk of the node's engine, which every task on it writes to.
-Now a pull whose new layers pass IMAGE_PULL_MAX_MB is given up."""
+Now a pull whose new layers pass IMAGE_PULL_MAX_MB is given up.
+
+Finding 43: a registry that trickles (a little now and then) keeps news
+coming, so the stall limit never trips, and made a pull (with its owner's
+pull slot and a launch thread) last as long as it liked. Now a pull still
+under way after IMAGE_PULL_MAX_SECONDS is given up. The trickle is the real
+registry stopped and continued in turn."""
 
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ from jobs.models import ExitType, ImagePull, Job, LogLine, State, Stream
 from jobs.node.runner import LAUNCH_THREADS
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
-from tests.registry import frozen, registry_agent, running_registry
+from tests.registry import frozen, registry_agent, running_registry, trickling
 
 pytestmark = pytest.mark.services
 
@@ -155,5 +161,19 @@ def test_an_image_larger_than_the_limit_is_given_up_mid_pull(alice, registry, bi
         assert "its layers are larger than 100 MB (IMAGE_PULL_MAX_MB)" in job.exit_reason, job.exit_reason
         assert lines(job) == []
         time.sleep(3)  # the engine gave the pull up: nothing of it arrives later
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker.from_env().api.inspect_image(big_image)
+
+
+def test_a_pull_that_trickles_is_given_up_at_its_deadline(alice, registry, big_image, cluster):
+    with abuse_node(cluster, registry, "SLOW", IMAGE_PULL_MAX_SECONDS="6"):
+        job = submit(alice, config("slow", role(command="echo slow ran", gpus=1), image=big_image, gpuType="SLOW"))
+        wait_for(lambda: ImagePull.objects.filter(attempt__job=job, bytes_done__gt=0).exists(),
+                 timeout=60, interval=0.05, what="the pull to be under way")
+        with trickling(registry):
+            job = wait_state(job, State.SUCCEEDED, State.FAILED, timeout=30)
+        assert job.exit_type == ExitType.IMAGE_PULL, job.exit_reason
+        assert "it took longer than 6 s (IMAGE_PULL_MAX_SECONDS)" in job.exit_reason, job.exit_reason
+        time.sleep(3)
         with pytest.raises(docker.errors.ImageNotFound):
             docker.from_env().api.inspect_image(big_image)

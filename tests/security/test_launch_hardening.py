@@ -46,7 +46,8 @@ class _Engine:
     def has_image(self, image: str) -> bool:
         return image in self.images
 
-    def ensure_image(self, image, auth=None, *, progress=None, stall_seconds=None, max_mb=None) -> bool:
+    def ensure_image(self, image, auth=None, *, progress=None, stall_seconds=None, max_mb=None,
+                     max_seconds=None) -> bool:
         if auth is None:
             raise LaunchError("IMAGE_PULL", "unauthorized")
         self.images.add(image)

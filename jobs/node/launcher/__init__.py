@@ -208,14 +208,15 @@ class Engine(Protocol):
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,
-                     max_mb: int | None = None) -> bool:
+                     max_mb: int | None = None, max_seconds: float | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled. Raises
         LaunchError("IMAGE_PULL") with a message fit for the user, which
         never holds the registry password. `progress` is called, in the
         caller's thread, at each piece of news from the pull (often: it
         should be cheap or throttle itself). A pull with no news for
         `stall_seconds` (None: no limit) is given up, an IMAGE_PULL; so is
-        one whose new layers are known to pass `max_mb` (compressed)."""
+        one whose new layers are known to pass `max_mb` (compressed), and
+        one still under way after `max_seconds`."""
 
     # -------------------------------------------------------------- networks
 

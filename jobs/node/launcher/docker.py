@@ -157,16 +157,18 @@ class DockerEngine:
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,
-                     max_mb: int | None = None) -> bool:
+                     max_mb: int | None = None, max_seconds: float | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled."""
         if self.has_image(image):
             return False
         tally = PullTally()
+        deadline = time.monotonic() + max_seconds if max_seconds else None
         try:
             with contextlib.closing(self._pull_events(image, auth, stall_seconds)) as events:
                 for event in events:
                     if isinstance(event, dict) and event.get("error"):
                         raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
+                    _in_time(image, deadline, max_seconds)
                     if isinstance(event, dict) and tally.add(event):
                         _within(image, tally.progress(), max_mb)
                         if progress is not None:
@@ -620,6 +622,17 @@ def _within(image: str, progress: PullProgress, max_mb: int | None) -> None:
         raise LaunchError("IMAGE_PULL", (
             f"could not pull image {image}: its layers are larger than {max_mb} MB (IMAGE_PULL_MAX_MB), "
             f"{progress.bytes_total // 1_000_000} MB known so far; the pull was given up"))
+
+
+def _in_time(image: str, deadline: float | None, max_seconds: float | None) -> None:
+    """Give the pull up past its deadline. Checked at each piece of news: a
+    registry that trickles keeps news coming (so the stall limit never
+    trips) and could make a pull last for ever; one that sends nothing is
+    the stall limit's."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise LaunchError("IMAGE_PULL", (
+            f"could not pull image {image}: it took longer than {max_seconds:g} s (IMAGE_PULL_MAX_SECONDS); "
+            "the pull was given up"))
 
 
 def _timed_out(exc: requests.exceptions.RequestException) -> bool:

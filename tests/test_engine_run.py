@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from jobs.node import launcher
-from jobs.node.images import ImageGate, PrivateImages
+from jobs.node.images import ImageGate, RepositoryRecord
 from jobs.node.launcher.docker import DockerEngine
 from jobs.node.runner import DefaultNetwork, Runner
 from tests.helpers import BUSYBOX_IMAGE
@@ -125,7 +125,7 @@ def _runner(engine) -> tuple[Runner, list[dict | None]]:
     runner = Runner.__new__(Runner)
     runner.engine = engine
     runner._default_network = DefaultNetwork(engine)
-    runner._images = ImageGate(engine, PrivateImages(Path("/nonexistent/private-images")))
+    runner._images = ImageGate(engine, RepositoryRecord(Path("/nonexistent/private-images")))
     runner._network_locks = [threading.Lock() for _ in range(16)]
     made: list[dict | None] = []
     runner._make_output_dir = lambda ctx: made.append(_state(ctx.name))

@@ -20,12 +20,17 @@ Kubernetes' AlwaysPullImages), without that cost for public images:
 - a job without one, whose image's repository was pulled with credentials
   on this engine and is refused without them: asked without credentials at
   each launch, which refuses it;
-- anything else (Docker Hub and other public images, the local pai-local/...
+- a job without one, whose image came from a registry (the engine has a
+  digest of it) that is not known to let anyone pull it: asked without
+  credentials, and the answer kept (finding 44: the records below can be
+  lost while the engine keeps its images, and an image may have been pulled
+  by an older version or another host's agent);
+- anything else (public images asked about once, the local pai-local/...
   images, which have no registry): started as it is, with no round trip.
 
-Which repositories needed credentials is kept per portal instance and engine
-in a file (PrivateImages), which the agents of the engine's host share.
-Images pulled with credentials by a version before this one are not in it.
+Which repositories needed credentials, and which did not, is kept per portal
+instance and engine in two files (RepositoryRecord), which the agents of the
+engine's host share.
 
 A pull that gets no news from the engine for IMAGE_PULL_STALL_SECONDS is
 given up (finding 40): a registry that stops sending mid-download would
@@ -86,18 +91,19 @@ def _is_address(host: str) -> bool:
     return True
 
 
-class PrivateImages:
-    """Repositories pulled with credentials that their registry refuses
-    without, one per line. Agents append whole short lines (atomic with
-    O_APPEND), so two agents of one host can share the file."""
+class RepositoryRecord:
+    """Repositories of one kind, one per line: those pulled with credentials
+    that their registry refuses without ("private-images"), or those it
+    lets anyone pull ("public-images"). Agents append whole short lines
+    (atomic with O_APPEND), so two agents of one host can share the file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     @classmethod
-    def for_engine(cls, engine_id: str) -> PrivateImages:
+    def for_engine(cls, engine_id: str, kind: str = "private-images") -> RepositoryRecord:
         engine = re.sub(r"[^A-Za-z0-9]+", "-", engine_id) or "engine"
-        return cls(settings.VAR_DIR / "private-images" / f"{settings.PAI_INSTANCE}.{engine}")
+        return cls(settings.VAR_DIR / kind / f"{settings.PAI_INSTANCE}.{engine}")
 
     def __contains__(self, image: str) -> bool:
         try:
@@ -247,10 +253,11 @@ class ImageGate:
     image removed meanwhile is caught when the container is created
     (ImageMissing): the runner then forgets it and asks again."""
 
-    def __init__(self, engine: Engine, private: PrivateImages, *, slots: PullSlots | None = None,
-                 relaunch: Callable[[int], None] | None = None) -> None:
+    def __init__(self, engine: Engine, private: RepositoryRecord, *, public: RepositoryRecord | None = None,
+                 slots: PullSlots | None = None, relaunch: Callable[[int], None] | None = None) -> None:
         self.engine = engine
         self.private = private
+        self.public = public  # None: nothing is known public, a registry's image is asked about at each launch
         self.slots = slots or PullSlots(0)
         self._relaunch = relaunch  # hands back an attempt set aside by `slots`
         self._seen: set[str] = set()
@@ -280,7 +287,7 @@ class ImageGate:
         user whose share of pulls (PullSlots) this one counts in; over it,
         PullDeferred."""
         present = self._present(image)
-        recheck = present and (auth is not None or image in self.private)
+        recheck = present and (auth is not None or image in self.private or self._unknown(image))
         if present and not recheck:
             return
         refusal = node_registry_refusal(image, allowed=allowed)
@@ -288,8 +295,11 @@ class ImageGate:
             raise LaunchError(ExitType.IMAGE_PULL, f"could not pull image {image}: {refusal}")
         if recheck:
             self._check(image, auth)
+            if auth is None:
+                self._record_public(image)  # asked without credentials, and let through
             return
-        if auth is not None and not self._anyone_may_pull(image):
+        private = auth is not None and not self._anyone_may_pull(image)
+        if private:
             # Recorded before the pull, not after it: from the pull's end the
             # image is on the engine, and another job's launch meanwhile (a
             # thread of this agent, or another agent of the engine) must find
@@ -312,6 +322,8 @@ class ImageGate:
             pull()
         else:
             _wait_unless_stopped(pull, stopped, image)
+        if not private:
+            self._record_public(image)  # pulled without credentials, or with some it did not need
         note(f"pulled image {image}")
 
     def _slot_freed(self, owner: int) -> None:
@@ -345,6 +357,16 @@ class ImageGate:
                 f"the registry {registry_of(image)} refused image {image} {given}: {exc.message}. This node has "
                 "the image from a pull with other credentials; a job may use it only with credentials that can "
                 "pull it.")) from None
+
+    def _unknown(self, image: str) -> bool:
+        """An image from a registry that no record says anything of."""
+        if self.public is not None and image in self.public:
+            return False
+        return self.engine.has_registry_digest(image)
+
+    def _record_public(self, image: str) -> None:
+        if self.public is not None and image not in self.private:
+            self.public.add(image)
 
     def _anyone_may_pull(self, image: str) -> bool:
         try:

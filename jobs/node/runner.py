@@ -30,7 +30,7 @@ from jobs import environment, keys, services, storage
 from jobs.models import ExitType, Job, SshKey, TaskAttempt
 from jobs.node import launcher
 from jobs.node.context import NodeContext
-from jobs.node.images import ImageGate, PrivateImages, PullDeferred, PullSlots, resolve_host
+from jobs.node.images import ImageGate, PullDeferred, PullSlots, RepositoryRecord, resolve_host
 from jobs.node.staging import CodeStager, owner_reader, stage_folder
 from jobs.services.access import ensure_job_key_pair
 from jobs.spec import JobSpec
@@ -242,7 +242,9 @@ class Runner:
         self.engine = context.engine
         self.writer = context.writer
         self._code = CodeStager()
-        self._images = ImageGate(context.engine, PrivateImages.for_engine(context.node.engine_id),
+        engine_id = context.node.engine_id
+        self._images = ImageGate(context.engine, RepositoryRecord.for_engine(engine_id),
+                                 public=RepositoryRecord.for_engine(engine_id, "public-images"),
                                  slots=PullSlots(settings.IMAGE_PULLS_PER_USER), relaunch=self._relaunch)
         self._lock = threading.Lock()
         self._launching: set[int] = set()  # claimed, not yet handed to a watcher

@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from jobs.node import launcher
-from jobs.node.images import ImageGate, PrivateImages
+from jobs.node.images import ImageGate, RepositoryRecord
 from jobs.node.launcher import LaunchError, RegistryAuth, firewall
 from jobs.node.launcher.docker import DockerEngine
 from jobs.node.runner import _bind_address
@@ -26,7 +26,7 @@ from jobs.node.runner import _bind_address
 
 # --------------------------------------------------------------------------
 # A private image was on the node, unrecorded, between its pull and
-# PrivateImages.add (ImageGate.ensure): another job could start it with no
+# RepositoryRecord.add (ImageGate.ensure): another job could start it with no
 # credentials, and an agent that died in that window left it unrecorded.
 
 PRIVATE = "203.0.113.5:5000/team/private:1"
@@ -45,6 +45,9 @@ class _Engine:
 
     def has_image(self, image: str) -> bool:
         return image in self.images
+
+    def has_registry_digest(self, image: str) -> bool:
+        return image in self.images  # each came from the registry
 
     def ensure_image(self, image, auth=None, *, progress=None, stall_seconds=None, max_mb=None,
                      max_seconds=None) -> bool:
@@ -67,7 +70,7 @@ class _Engine:
 
 def test_a_private_image_is_recorded_before_its_pull_ends(tmp_path):
     engine = _Engine()
-    gate = ImageGate(engine, PrivateImages(tmp_path / "private"))  # type: ignore[arg-type]
+    gate = ImageGate(engine, RepositoryRecord(tmp_path / "private"))  # type: ignore[arg-type]
     allowed = ["203.0.113.5:5000"]
     engine.during_check = lambda: gate.ensure(PRIVATE, None, allowed=allowed, note=lambda _t: None)  # bob
     gate.ensure(PRIVATE, RegistryAuth("203.0.113.5:5000", "alice", "pw"), allowed=allowed,

@@ -129,3 +129,23 @@ def test_it_pulls_again_an_image_removed_after_the_node_saw_it(alice, registry, 
     assert second.state == State.SUCCEEDED, second.exit_reason
     assert lines(second) == ["removed ran"]
     assert private_image in api.inspect_image(private_image)["RepoTags"]
+
+
+def test_it_checks_a_pulled_image_whose_record_was_lost(alice, bob, registry, private_image, registry_node):
+    """Finding 44: which images needed credentials was known only from a
+    file below the agent's VAR_DIR. An agent installed afresh, a VAR_DIR
+    cleaned, an agent of another host on the same engine, or an image pulled
+    by a version before the record: the engine still had the image, and any
+    job started it without credentials."""
+    owner = run(alice, "recorded", private_image, authFile=auth_file(alice, "registry-auth", registry, PASSWORD))
+    assert owner.state == State.SUCCEEDED, owner.exit_reason
+    for record in (Path(django_settings.VAR_DIR) / "private-images").iterdir():
+        record.unlink()  # the record lost; the image stays on the engine
+
+    stranger = run(bob, "unrecorded", private_image)
+    assert stranger.state == State.FAILED and stranger.exit_type == ExitType.IMAGE_PULL, stranger.exit_reason
+    assert f"the registry {registry} refused image {private_image} without credentials" in stranger.exit_reason
+    assert lines(stranger) == []
+
+    again = run(alice, "still", private_image, authFile="registry-auth")
+    assert again.state == State.SUCCEEDED, again.exit_reason

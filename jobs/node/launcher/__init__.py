@@ -201,6 +201,11 @@ class Engine(Protocol):
         raises LaunchError("IMAGE_PULL"): it would reach an image without the
         registry's say, whoever pulled it."""
 
+    def has_registry_digest(self, image: str) -> bool:
+        """Did `image` (present) come from a registry, by a pull or a push:
+        does the engine hold a digest of it for its repository? An image
+        built or loaded on the node has none."""
+
     def check_image_access(self, image: str, auth: RegistryAuth | None) -> None:
         """Ask the image's registry, without pulling, whether `auth` (None:
         no credentials) may pull `image`; raises LaunchError("IMAGE_PULL")

@@ -147,6 +147,14 @@ class DockerEngine:
         raise LaunchError("IMAGE_PULL", f"the image {image} names a local image by its ID; use its name "
                                         "(repository:tag), so its registry can tell whether this job may use it")
 
+    def has_registry_digest(self, image: str) -> bool:
+        try:
+            found = self.api.inspect_image(image)
+        except docker.errors.ImageNotFound:
+            return False
+        repository = reference_key(image)[0]
+        return any(reference_key(name)[0] == repository for name in found.get("RepoDigests") or [])
+
     def check_image_access(self, image: str, auth: RegistryAuth | None) -> None:
         try:
             self.api.inspect_distribution(image, auth_config=_auth_config(auth))

@@ -17,7 +17,6 @@ import time
 import docker
 import pytest
 
-from jobs.node import launcher
 from jobs.node.images import ImageGate, RepositoryRecord
 from jobs.node.launcher import LaunchError, RegistryAuth, firewall
 from jobs.node.launcher.docker import DockerEngine

@@ -261,9 +261,13 @@ class ImageGate:
         self.slots = slots or PullSlots(0)
         self._relaunch = relaunch  # hands back an attempt set aside by `slots`
         self._seen: set[str] = set()
+        # Present names the engine has no digest of (built or loaded on the
+        # node): the launches that follow cost no inspect to learn it again.
+        self._local: set[str] = set()
 
     def forget(self, image: str) -> None:
         self._seen.discard(image)
+        self._local.discard(image)
 
     def _present(self, image: str) -> bool:
         if image in self._seen:
@@ -360,9 +364,13 @@ class ImageGate:
 
     def _unknown(self, image: str) -> bool:
         """An image from a registry that no record says anything of."""
-        if self.public is not None and image in self.public:
+        if image in self._local or (self.public is not None and image in self.public):
             return False
-        return self.engine.has_registry_digest(image)
+        if self.engine.has_registry_digest(image):
+            return True
+        if len(self._local) < _SEEN_MAX:
+            self._local.add(image)
+        return False
 
     def _record_public(self, image: str) -> None:
         if self.public is not None and image not in self.private:

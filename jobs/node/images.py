@@ -298,7 +298,7 @@ class ImageGate:
         if refusal:
             raise LaunchError(ExitType.IMAGE_PULL, f"could not pull image {image}: {refusal}")
         if recheck:
-            self._check(image, auth)
+            self._check_present(image, auth, note=note, attempt_id=attempt_id)
             if auth is None:
                 self._record_public(image)  # asked without credentials, and let through
             return
@@ -338,11 +338,15 @@ class ImageGate:
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
         limits = {"stall_seconds": settings.IMAGE_PULL_STALL_SECONDS or None,
                   "max_mb": settings.IMAGE_PULL_MAX_MB or None, "max_seconds": settings.IMAGE_PULL_MAX_SECONDS or None}
+        # Asked first, as for an image the node has (_check_present): the
+        # registry's refusal reads the same either way.
         if record is None:
+            self._check(image, auth)
             self.engine.ensure_image(image, auth, **limits)
             return
         record.start()
         try:
+            self._check(image, auth)
             self.engine.ensure_image(image, auth, progress=record.progress, **limits)
         except LaunchError as exc:
             record.finish(exc.message)
@@ -352,15 +356,30 @@ class ImageGate:
             raise
         record.finish()
 
+    def _check_present(self, image: str, auth: RegistryAuth | None, *, note: Callable[[str], None],
+                       attempt_id: int | None) -> None:
+        """Ask the registry about an image the node has. A refusal is told
+        as a pull's would be, note, pull record and message alike (finding
+        45): whether the node has an image is other users' business (their
+        jobs pulled it), never this job's."""
+        try:
+            self._check(image, auth)
+        except LaunchError as exc:
+            note(f"pulling image {image}")
+            if attempt_id is not None:
+                record = PullRecord(attempt_id, image)
+                record.start()
+                record.finish(exc.message)
+            raise
+
     def _check(self, image: str, auth: RegistryAuth | None) -> None:
         try:
             self.engine.check_image_access(image, auth)
         except LaunchError as exc:
-            given = "with this job's authFile" if auth else "without credentials (the job has no authFile)"
+            given = "with this job's credentials" if auth else "without credentials: the job gives none"
             raise LaunchError(ExitType.IMAGE_PULL, (
-                f"the registry {registry_of(image)} refused image {image} {given}: {exc.message}. This node has "
-                "the image from a pull with other credentials; a job may use it only with credentials that can "
-                "pull it.")) from None
+                f"could not pull image {image}: {exc.message} (the registry {registry_of(image)} was asked "
+                f"{given}; a job may use a private image only with credentials that can pull it)")) from None
 
     def _unknown(self, image: str) -> bool:
         """An image from a registry that no record says anything of."""

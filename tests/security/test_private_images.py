@@ -18,7 +18,7 @@ import docker
 import pytest
 from django.conf import settings as django_settings
 
-from jobs.models import ExitType, State
+from jobs.models import ExitType, ImagePull, State, Stream
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
 from tests.registry import registry_agent, running_registry
 
@@ -91,14 +91,14 @@ def test_it_starts_a_private_image_only_for_jobs_whose_credentials_can_pull_it(
 
     stranger = run(bob, "stranger", private_image)
     assert stranger.state == State.FAILED and stranger.exit_type == ExitType.IMAGE_PULL, stranger.exit_reason
-    assert (f"the registry {registry} refused image {private_image} without credentials (the job has no authFile)"
-            in stranger.exit_reason)
-    assert "may use it only with credentials that can pull it" in stranger.exit_reason
+    assert f"could not pull image {private_image}: " in stranger.exit_reason
+    assert f"(the registry {registry} was asked without credentials: the job gives none;" in stranger.exit_reason
+    assert "may use a private image only with credentials that can pull it" in stranger.exit_reason
     assert lines(stranger) == []
 
     guesser = run(bob, "guesser", private_image, authFile=auth_file(bob, "registry-auth", registry, "wrong-password"))
     assert guesser.exit_type == ExitType.IMAGE_PULL, guesser.exit_reason
-    assert "with this job's authFile" in guesser.exit_reason and "wrong-password" not in guesser.exit_reason
+    assert "asked with this job's credentials" in guesser.exit_reason and "wrong-password" not in guesser.exit_reason
 
     # By its local ID, Docker would start it without asking anyone.
     short_id = api.inspect_image(private_image)["Id"].removeprefix("sha256:")[:12]
@@ -144,8 +144,42 @@ def test_it_checks_a_pulled_image_whose_record_was_lost(alice, bob, registry, pr
 
     stranger = run(bob, "unrecorded", private_image)
     assert stranger.state == State.FAILED and stranger.exit_type == ExitType.IMAGE_PULL, stranger.exit_reason
-    assert f"the registry {registry} refused image {private_image} without credentials" in stranger.exit_reason
+    assert f"(the registry {registry} was asked without credentials" in stranger.exit_reason
     assert lines(stranger) == []
 
     again = run(alice, "still", private_image, authFile="registry-auth")
     assert again.state == State.SUCCEEDED, again.exit_reason
+
+
+def platform_log(job) -> list[str]:
+    """The task's platform notes without their times."""
+    return [line.partition("Z ")[2] for line in lines(job, Stream.PLATFORM)]
+
+
+def test_it_refuses_a_private_image_in_the_same_words_whether_the_node_has_it_or_not(
+        alice, bob, registry, private_image, registry_node):
+    """Finding 45: the refusal said "This node has the image from a pull
+    with other credentials", a pull's refusal said otherwise: jobs are
+    private to their owners, yet any user could learn which private images
+    (repository and tag) other users' jobs had pulled onto a node."""
+    api = docker.from_env().api
+    try:
+        api.remove_image(private_image)
+    except docker.errors.NotFound:
+        pass
+    absent = run(bob, "probe-absent", private_image)
+    owner = run(alice, "pulls", private_image, authFile=auth_file(alice, "registry-auth", registry, PASSWORD))
+    assert owner.state == State.SUCCEEDED, owner.exit_reason
+    present = run(bob, "probe-present", private_image)
+    assert absent.exit_type == present.exit_type == ExitType.IMAGE_PULL, (absent.exit_reason, present.exit_reason)
+    assert absent.exit_reason == present.exit_reason
+    assert platform_log(absent) == platform_log(present)
+    assert (ImagePull.objects.get(attempt__job=absent).error == ImagePull.objects.get(attempt__job=present).error
+            == absent.exit_reason.removeprefix("task main-0 failed: "))
+
+    wrong = auth_file(bob, "wrong-auth", registry, "wrong-password")
+    wrong_present = run(bob, "wrong-present", private_image, authFile=wrong)
+    api.remove_image(private_image)
+    wrong_absent = run(bob, "wrong-absent", private_image, authFile=wrong)
+    assert wrong_absent.exit_type == wrong_present.exit_type == ExitType.IMAGE_PULL, wrong_absent.exit_reason
+    assert wrong_absent.exit_reason == wrong_present.exit_reason

@@ -28,6 +28,10 @@ Kubernetes' AlwaysPullImages), without that cost for public images:
 - anything else (public images asked about once, the local pai-local/...
   images, which have no registry): started as it is, with no round trip.
 
+Before every pull the registry is asked the same way, so that a refusal
+reads the same whether or not the node has the image (finding 45): the node
+having it says that another user's job pulled it.
+
 Which repositories needed credentials, and which did not, is kept per portal
 instance and engine in two files (RepositoryRecord), which the agents of the
 engine's host share.

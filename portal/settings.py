@@ -49,7 +49,7 @@ CSRF_COOKIE_SECURE = HTTPS
 if HTTPS:
     # A browser takes a __Host- cookie from this very host only (Secure,
     # Path=/, no Domain): no page of another host under a shared domain (a
-    # task's web port, review finding 56) can set the portal's session or
+    # task's web port, review finding 42) can set the portal's session or
     # CSRF cookie. Over plain HTTP the prefix would keep them from being set.
     SESSION_COOKIE_NAME = "__Host-sessionid"
     CSRF_COOKIE_NAME = "__Host-csrftoken"
@@ -393,7 +393,7 @@ def _proxy_domain_clash(proxy_domain: str, portal_hosts: list[str]) -> str | Non
     could set cookies for: the proxy domain itself, a parent of it, or a
     name under it. A page may set a cookie for any parent domain of its
     host, and the browser sends it to every host under that domain (review
-    finding 56). `localhost` is exempt: browsers set no cookie for all of it."""
+    finding 42). `localhost` is exempt: browsers set no cookie for all of it."""
     if proxy_domain == "localhost":
         return None
     for entry in portal_hosts:

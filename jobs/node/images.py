@@ -22,14 +22,14 @@ Kubernetes' AlwaysPullImages), without that cost for public images:
   each launch, which refuses it;
 - a job without one, whose image came from a registry (the engine has a
   digest of it) that is not known to let anyone pull it: asked without
-  credentials, and the answer kept (finding 44: the records below can be
+  credentials, and the answer kept (finding 34: the records below can be
   lost while the engine keeps its images, and an image may have been pulled
   by an older version or another host's agent);
 - anything else (public images asked about once, the local pai-local/...
   images, which have no registry): started as it is, with no round trip.
 
 Before every pull the registry is asked the same way, so that a refusal
-reads the same whether or not the node has the image (finding 45): the node
+reads the same whether or not the node has the image (finding 35): the node
 having it says that another user's job pulled it.
 
 Which repositories needed credentials, and which did not, is kept per portal
@@ -37,11 +37,11 @@ instance and engine in two files (RepositoryRecord), which the agents of the
 engine's host share.
 
 A pull that gets no news from the engine for IMAGE_PULL_STALL_SECONDS is
-given up (finding 40): a registry that stops sending mid-download would
+given up (finding 30): a registry that stops sending mid-download would
 otherwise hold the pull, and the launch thread waiting for it, for good. So
-is one whose new layers pass IMAGE_PULL_MAX_MB (finding 42): an enormous
+is one whose new layers pass IMAGE_PULL_MAX_MB (finding 32): an enormous
 image filled the disk the node's other tasks write to; and one still under
-way after IMAGE_PULL_MAX_SECONDS (finding 43): a registry that trickles.
+way after IMAGE_PULL_MAX_SECONDS (finding 33): a registry that trickles.
 
 A pull's progress (PullRecord) goes to the database for the job page: at
 its start, then at most every PROGRESS_INTERVAL seconds (a pull sends
@@ -201,7 +201,7 @@ class PullDeferred(Exception):
 
 class PullSlots:
     """At most `per_owner` pulls of one user under way on a node at once
-    (finding 41). A launch waits for its pull on one of the node's few
+    (finding 31). A launch waits for its pull on one of the node's few
     launch threads (runner.LAUNCH_THREADS): without a share, one user's job
     of that many tasks on a slow or trickling registry held every launch of
     the node, every other user's included. A launch over the share is set
@@ -364,7 +364,7 @@ class ImageGate:
                        attempt_id: int | None) -> None:
         """Ask the registry about an image the node has. A refusal is told
         as a pull's would be, note, pull record and message alike (finding
-        45): whether the node has an image is other users' business (their
+        35): whether the node has an image is other users' business (their
         jobs pulled it), never this job's."""
         try:
             self._check(image, auth)

@@ -15,7 +15,7 @@ never reach it. The proxy host therefore has a sign-in of its own:
 2. The task host redeems the ticket only from a POST whose Origin is that
    origin (so only the browser the portal handed it to can: a ticket sent
    on as a link, or posted from any other page, lets no one in, review
-   finding 50) and sets its own cookie (host-only, HttpOnly), signed,
+   finding 36) and sets its own cookie (host-only, HttpOnly), signed,
    naming the same user, attempt and port, for PORTAL_PROXY_SESSION_SECONDS.
 3. Every request through the proxy checks again (web_port_target): the user
    is active and their password unchanged, is the job's owner or a portal

@@ -28,7 +28,7 @@ def terminal(request: HttpRequest, job_id: int, attempt_id: int) -> HttpResponse
     """The page holding the terminal; the shell itself comes over the
     WebSocket (jobs/terminal.py), which checks again who may open it. In
     another user's task (an admin's visit) the page names the owner and
-    connects only when asked (finding 53): a link alone never puts an admin
+    connects only when asked (finding 39): a link alone never puts an admin
     at a shell whose container, and whatever it prints, is the user's."""
     job = job_for_user(request, job_id)
     attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
@@ -45,7 +45,7 @@ def web_port(request: HttpRequest, job_id: int, attempt_id: int, port: int) -> H
     the path to land on. The owner goes straight on (the page posts itself);
     an admin opening another user's port is first told whose content it is,
     and goes on by the notice's form (a POST with the portal's CSRF check),
-    so a link alone never lands them on a user's page (finding 50)."""
+    so a link alone never lands them on a user's page (finding 36)."""
     job = job_for_user(request, job_id)
     attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
     context = {"job": job, "attempt": attempt, "port": port}

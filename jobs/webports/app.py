@@ -59,7 +59,7 @@ def _from_another_origin(scope: dict[str, Any]) -> bool:
     """Is this a WebSocket, or a request that may change something, sent by
     a page of another origin? The browser sends the proxy's cookie with it
     all the same (every task host is one site under a shared proxy domain),
-    so the visitor's sign-in would speak for that page (finding 51). No
+    so the visitor's sign-in would speak for that page (finding 37). No
     Origin at all is not a browser's page (browsers send one with both)."""
     if scope["type"] == "http" and scope["method"] in SAFE_METHODS:
         return False
@@ -107,7 +107,7 @@ class WebPortProxy:
     def __init__(self) -> None:
         # Exchanges being forwarded, per user, in this worker (one event
         # loop: no lock). What they hold is the worker's file descriptors,
-        # so the count is the worker's own (finding 52).
+        # so the count is the worker's own (finding 38).
         self.open: Counter[int] = Counter()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -151,7 +151,7 @@ class WebPortProxy:
     async def _enter(self, scope: dict[str, Any], receive: Any, send: Any, host: webports.TaskHost) -> None:
         """The ticket comes in a POST from the portal's page, whose Origin
         the browser sets and the ticket names: a ticket in a link, or posted
-        by a page of anyone else's, gets no one in (finding 50)."""
+        by a page of anyone else's, gets no one in (finding 36)."""
         if scope["method"] != "POST":
             await plain_response(send, 405, ENTER_NOT_POSTED, [(b"allow", b"POST")])
             return

@@ -1,6 +1,6 @@
-"""Pulls other users can abuse (findings 40 and 41).
+"""Pulls other users can abuse (findings 30 and 31).
 
-Finding 40: a pull from a registry that stops sending, mid-download, never
+Finding 30: a pull from a registry that stops sending, mid-download, never
 ended (dockerd has no deadline for a layer's body), and its launch waited
 for it: a node launches LAUNCH_THREADS tasks at once, so one user's job of
 that many tasks on a registry of theirs that hangs held every launch of the
@@ -11,17 +11,17 @@ SIGSTOP once the node has begun to download the image's big layer: the
 kernel keeps the connection open and nothing more ever arrives, as from a
 registry that hangs on purpose.
 
-Finding 41: a pull that goes on (a big image, a registry that trickles, or
+Finding 31: a pull that goes on (a big image, a registry that trickles, or
 one that hangs where no stall limit is set) held its launch thread all the
 while, so one user's job of LAUNCH_THREADS tasks held every launch of the
 node. Now one user has at most IMAGE_PULLS_PER_USER pulls under way on a
 node; their other launches there wait off the launch threads.
 
-Finding 42: nothing bounded an image's size: one user's enormous image
+Finding 32: nothing bounded an image's size: one user's enormous image
 filled the disk of the node's engine, which every task on it writes to.
 Now a pull whose new layers pass IMAGE_PULL_MAX_MB is given up.
 
-Finding 43: a registry that trickles (a little now and then) keeps news
+Finding 33: a registry that trickles (a little now and then) keeps news
 coming, so the stall limit never trips, and made a pull (with its owner's
 pull slot and a launch thread) last as long as it liked. Now a pull still
 under way after IMAGE_PULL_MAX_SECONDS is given up. The trickle is the real

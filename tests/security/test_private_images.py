@@ -132,7 +132,7 @@ def test_it_pulls_again_an_image_removed_after_the_node_saw_it(alice, registry, 
 
 
 def test_it_checks_a_pulled_image_whose_record_was_lost(alice, bob, registry, private_image, registry_node):
-    """Finding 44: which images needed credentials was known only from a
+    """Finding 34: which images needed credentials was known only from a
     file below the agent's VAR_DIR. An agent installed afresh, a VAR_DIR
     cleaned, an agent of another host on the same engine, or an image pulled
     by a version before the record: the engine still had the image, and any
@@ -158,7 +158,7 @@ def platform_log(job) -> list[str]:
 
 def test_it_refuses_a_private_image_in_the_same_words_whether_the_node_has_it_or_not(
         alice, bob, registry, private_image, registry_node):
-    """Finding 45: the refusal said "This node has the image from a pull
+    """Finding 35: the refusal said "This node has the image from a pull
     with other credentials", a pull's refusal said otherwise: jobs are
     private to their owners, yet any user could learn which private images
     (repository and tag) other users' jobs had pulled onto a node."""

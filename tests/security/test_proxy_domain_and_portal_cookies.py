@@ -1,4 +1,4 @@
-"""Finding 56: a task host could set the portal's cookies. A page may set a
+"""Finding 42: a task host could set the portal's cookies. A page may set a
 cookie for any parent domain of its host, and the browser sends it to every
 host under that domain: with PORTAL_PROXY_DOMAIN the portal's own host name,
 a parent of it or under it (jobs.pai.example.org beside pai.example.org),

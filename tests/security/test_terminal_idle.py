@@ -1,4 +1,4 @@
-"""Finding 55: a browser terminal had no idle timeout. A shell left open in
+"""Finding 41: a browser terminal had no idle timeout. A shell left open in
 a forgotten tab (root in the task's container) stayed open for as long as
 the portal session lasted, for whoever came to that screen, held one of
 the user's TERMINAL_SESSIONS_PER_USER, and kept a quiet Jupyter task

@@ -1,4 +1,4 @@
-"""Finding 53: a link opened a shell in another user's task at once. Admins
+"""Finding 39: a link opened a shell in another user's task at once. Admins
 may open a terminal in any task, and the terminal page connected as it
 loaded: a user sent an admin the link to their own task's terminal, and
 the admin was typing in a container whose programs are the user's (root

@@ -1,4 +1,4 @@
-"""Finding 52: a user could hold any number of connections through the
+"""Finding 38: a user could hold any number of connections through the
 web-port proxy. A task's app that never finishes an answer (or a WebSocket
 left open) holds the browser's connection in a portal worker and two more
 in the node agent's forwarder for as long as the client likes, and the job's

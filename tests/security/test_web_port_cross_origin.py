@@ -1,4 +1,4 @@
-"""Finding 51: a page of another origin could use a visitor's sign-in to a
+"""Finding 37: a page of another origin could use a visitor's sign-in to a
 task host. The proxy's cookie goes with every request the browser makes to
 the task host, also from a page elsewhere: under a proxy domain shared by
 every task (`*.pai-jobs.example.net`) all task hosts are one site, so the

@@ -1,4 +1,4 @@
-"""Finding 50: a user could send anyone into their own task's web port.
+"""Finding 36: a user could send anyone into their own task's web port.
 
 The portal's link into a web port redirected to the task host with a
 ticket in the URL, and the task host let in whichever browser came with it.

@@ -1,4 +1,4 @@
-"""Finding 54: an answer through the web-port proxy outlived its user's
+"""Finding 40: an answer through the web-port proxy outlived its user's
 right to it. Every request was checked as it came, and an open WebSocket
 every few seconds, but an answer still streaming (server-sent events, a
 long download, a log the app tails) went on flowing after the user was

@@ -508,7 +508,8 @@ def test_admins_manage_users_and_users_only_their_own_password(cluster, alice, a
         names = VirtualCluster.objects.usable_by(User.objects.get(username=username)).values_list("name", flat=True)
         return ",".join(sorted(names, key=lambda vc: (vc != "default", vc)))
 
-    assert users[name] == {"username": name, "admin": False, "active": True, "virtualCluster": usable(name)}
+    assert users[name] == {"username": name, "admin": False, "active": True, "virtualCluster": usable(name),
+                           "hasGithubPAT": False}
     assert users[name]["virtualCluster"].split(",")[0] == "default"
 
     newcomer = Api(cluster.base_url, expect(Api(cluster.base_url).post("/token", {

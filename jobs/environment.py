@@ -103,6 +103,9 @@ def task_environment(
         "PAI_TASK_ROLE_LIST": ",".join(role_names),
         "PAI_CURRENT_TASK_ROLE_NAME": me.role,
         "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": str(me.index),
+        # OpenPAI's Kubernetes runtime's name for the same index, which its
+        # examples and users' launch scripts read (node_rank=$PAI_TASK_INDEX).
+        "PAI_TASK_INDEX": str(me.index),
         "PAI_CONTAINER_HOST_IP": me.node_address,
         # The first only, as OpenPAI's runtime took it: sshd listens on it
         # (the prologue), and the job's SSH details name it.

@@ -47,3 +47,14 @@ def test_job_envs_numbers_read_as_javascript_writes_them():
     me = PeerTask("main", 0, "10.0.0.1", "e", "", ports={"main": [1]})
     env = _env(spec, me, [me])
     assert (env["STEPS"], env["ONE"], env["RATE"], env["FLAG"]) == ("1000000", "1", "0.5", "true")
+
+
+def test_each_task_knows_its_index_by_both_of_openpais_names():
+    """PAI_TASK_INDEX is what OpenPAI's Kubernetes runtime sets and its
+    distributed examples read (torch's node_rank); the reference's name
+    stays too."""
+    spec = _spec({"taskNumber": 3})
+    peers = [PeerTask("main", i, f"10.0.0.{i + 1}", "e", "", ports={}) for i in range(3)]
+    for me in peers:
+        env = _env(spec, me, peers)
+        assert env["PAI_TASK_INDEX"] == env["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"] == str(me.index)

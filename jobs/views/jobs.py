@@ -8,6 +8,7 @@ job through `Job.objects.visible_to`, so another user's job is a 404.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 from django.contrib import messages
@@ -127,11 +128,8 @@ class TaskListing:
 
     rows: list[tuple[int, str, int, int | None, str]]
 
-    def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for row in self.rows:
-            counts[row[4]] = counts.get(row[4], 0) + 1
-        return counts
+    def counts(self) -> Counter[str]:
+        return Counter(row[4] for row in self.rows)
 
 
 def _task_listing(job: Job, number: int) -> TaskListing:

@@ -21,6 +21,26 @@ from tests.cluster import free_port, wait_for
 _PROCESSES: dict[str, subprocess.Popen] = {}
 
 
+def forget(image: str) -> None:
+    """Remove `image` from the engine, layers and all, once the containers
+    that used it are gone (the node removes a task's container after it ends)."""
+    import docker
+    import docker.errors
+
+    api = docker.from_env().api
+
+    def removed() -> bool:
+        try:
+            api.remove_image(image)
+        except docker.errors.NotFound:
+            return True
+        except docker.errors.APIError:
+            return False  # a container still uses it
+        return True
+
+    wait_for(removed, timeout=60, what=f"{image} to be removable")
+
+
 @contextmanager
 def running_registry(folder: Path, *, users: dict[str, str] | None = None) -> Iterator[str]:
     """A registry on 127.0.0.1:<free port> keeping its data in `folder`

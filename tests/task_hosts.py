@@ -11,7 +11,11 @@ from __future__ import annotations
 import base64
 import html
 import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -72,6 +76,31 @@ def app_command(label: str) -> str:
 
 def port_spec(label: str) -> list[dict]:
     return [{"label": label, "beginAt": 0, "portNumber": 1}]
+
+
+@contextmanager
+def running_app(name: str, label: str = "http") -> Iterator[tuple[Any, Any]]:
+    """(owner, task attempt): a user of its own (its password as
+    `test_password`) whose one-task job `name` serves the app on its first
+    `label` port in the Debian image; the job is stopped afterwards."""
+    from jobs import services
+    from jobs.models import User
+    from tests.cluster import wait_for
+    from tests.helpers import DEBIAN_IMAGE, config, hashed_password, lines, role, running_attempt, submit
+
+    owner = User.objects.create_user(f"{name}{time.monotonic_ns()}")
+    owner.password = hashed_password("pw-for-tests-1")
+    owner.save(update_fields=["password"])
+    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
+    job = submit(owner, config(name, role(command=app_command(label), portList=port_spec(label)), image=DEBIAN_IMAGE))
+    attempt = running_attempt(job, timeout=90)
+    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
+    try:
+        yield owner, attempt
+    finally:
+        job.refresh_from_db()
+        if not job.is_final:
+            services.job_stop(job=job, by=owner)
 
 
 @dataclass

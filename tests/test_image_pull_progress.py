@@ -27,7 +27,7 @@ from tests.browser import login as browser_login
 from tests.browser import screenshot
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, login, role, submit, wait_state
-from tests.registry import registry_agent, running_registry
+from tests.registry import forget, registry_agent, running_registry
 
 pytestmark = pytest.mark.services
 
@@ -56,23 +56,6 @@ def big_image(registry) -> Iterator[str]:
         yield image
     finally:
         forget(image)
-
-
-def forget(image: str) -> None:
-    """Remove `image` from the engine, layers and all, once the containers
-    that used it are gone (the node removes a task's container after it ends)."""
-    api = docker.from_env().api
-
-    def removed() -> bool:
-        try:
-            api.remove_image(image)
-        except docker.errors.NotFound:
-            return True
-        except docker.errors.APIError:
-            return False  # a container still uses it
-        return True
-
-    wait_for(removed, timeout=60, what=f"{image} to be removable")
 
 
 @pytest.fixture(scope="module")

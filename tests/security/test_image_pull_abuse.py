@@ -42,7 +42,7 @@ from jobs.models import ExitType, ImagePull, Job, LogLine, State, Stream
 from jobs.node.runner import LAUNCH_THREADS
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
-from tests.registry import frozen, registry_agent, running_registry, trickling
+from tests.registry import forget, frozen, registry_agent, running_registry, trickling
 
 pytestmark = pytest.mark.services
 
@@ -54,21 +54,6 @@ LAYER_MB = 800  # long enough to download (seconds on loopback) that the registr
 def registry(tmp_path_factory) -> Iterator[str]:
     with running_registry(tmp_path_factory.mktemp("abuse-registry")) as address:
         yield address
-
-
-def forget(image: str) -> None:
-    api = docker.from_env().api
-
-    def removed() -> bool:
-        try:
-            api.remove_image(image)
-        except docker.errors.NotFound:
-            return True
-        except docker.errors.APIError:
-            return False  # a container still uses it
-        return True
-
-    wait_for(removed, timeout=60, what=f"{image} to be removable")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ is refused before it opens)."""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -22,10 +21,9 @@ import requests
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from jobs import services
 from tests.cluster import wait_for
-from tests.helpers import DEBIAN_IMAGE, config, lines, login, role, running_attempt, submit
-from tests.task_hosts import TaskHostClient, app_command, follow_to_task_host, port_spec
+from tests.helpers import login
+from tests.task_hosts import TaskHostClient, follow_to_task_host, running_app
 
 LABEL = "http"
 CAP = 3
@@ -43,20 +41,8 @@ def capped_portal(cluster) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def web_task(cluster):
-    from jobs.models import User
-    from tests.helpers import hashed_password
-
-    owner = User.objects.create_user(f"holder{time.monotonic_ns()}")
-    owner.password = hashed_password("pw-for-tests-1")
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config("holder", role(command=app_command(LABEL), portList=port_spec(LABEL)), image=DEBIAN_IMAGE))
-    attempt = running_attempt(job, timeout=90)
-    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
-    yield owner, attempt
-    job.refresh_from_db()
-    if not job.is_final:
-        services.job_stop(job=job, by=owner)
+    with running_app("holder", LABEL) as (owner, attempt):
+        yield owner, attempt
 
 
 def _link(attempt) -> str:

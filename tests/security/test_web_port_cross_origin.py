@@ -14,16 +14,13 @@ still passes: browsers send one with both)."""
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from jobs import services
-from tests.cluster import wait_for
-from tests.helpers import DEBIAN_IMAGE, config, lines, login, role, running_attempt, submit
-from tests.task_hosts import app_command, follow_to_task_host, port_spec
+from tests.helpers import login
+from tests.task_hosts import follow_to_task_host, running_app
 
 LABEL = "http"
 
@@ -31,22 +28,10 @@ LABEL = "http"
 @pytest.fixture(scope="module")
 def signed_in(cluster):
     """The owner's client signed in to a task host of a running app."""
-    from jobs.models import User
-    from tests.helpers import hashed_password
-
-    owner = User.objects.create_user(f"xorigin{time.monotonic_ns()}")
-    owner.password = hashed_password("pw-for-tests-1")
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config("xorigin", role(command=app_command(LABEL), portList=port_spec(LABEL)), image=DEBIAN_IMAGE))
-    attempt = running_attempt(job, timeout=90)
-    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
-    link = f"/jobs/{job.pk}/tasks/{attempt.pk}/ports/{attempt.ports[LABEL][0]}/"
-    client, _landing = follow_to_task_host(login(cluster.base_url, owner), cluster.base_url, link)
-    yield client
-    job.refresh_from_db()
-    if not job.is_final:
-        services.job_stop(job=job, by=owner)
+    with running_app("xorigin", LABEL) as (owner, attempt):
+        link = f"/jobs/{attempt.job_id}/tasks/{attempt.pk}/ports/{attempt.ports[LABEL][0]}/"
+        client, _landing = follow_to_task_host(login(cluster.base_url, owner), cluster.base_url, link)
+        yield client
 
 
 def _elsewhere(client) -> list[str]:

@@ -17,19 +17,16 @@ user's port is first told whose it is, and goes on by a form of the portal's.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
 
-from jobs import services
 from jobs.models import TaskAttempt
 from jobs.services import webports
-from tests.cluster import wait_for
-from tests.helpers import DEBIAN_IMAGE, config, lines, login, role, running_attempt, submit
-from tests.task_hosts import TaskHostClient, app_command, enter_form, follow_to_task_host, port_spec
+from tests.helpers import login
+from tests.task_hosts import TaskHostClient, enter_form, follow_to_task_host, running_app
 
 LABEL = "http"
 
@@ -40,20 +37,8 @@ def link_of(attempt: TaskAttempt) -> str:
 
 @pytest.fixture(scope="module")
 def attackers_task(cluster):
-    from jobs.models import User
-    from tests.helpers import hashed_password
-
-    owner = User.objects.create_user(f"phisher{time.monotonic_ns()}")
-    owner.password = hashed_password("pw-for-tests-1")
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config("phish", role(command=app_command(LABEL), portList=port_spec(LABEL)), image=DEBIAN_IMAGE))
-    attempt = running_attempt(job, timeout=90)
-    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
-    yield owner, attempt
-    job.refresh_from_db()
-    if not job.is_final:
-        services.job_stop(job=job, by=owner)
+    with running_app("phish", LABEL) as (owner, attempt):
+        yield owner, attempt
 
 
 def _handed_over(answer: requests.Response) -> tuple[str, str, str]:

@@ -16,11 +16,9 @@ import pytest
 import requests
 import urllib3
 
-from jobs import services
 from jobs.webports.forward_http import RECHECK_SECONDS
-from tests.cluster import wait_for
-from tests.helpers import DEBIAN_IMAGE, config, hashed_password, lines, login, role, running_attempt, submit
-from tests.task_hosts import TaskHostClient, app_command, follow_to_task_host, port_spec
+from tests.helpers import hashed_password, login
+from tests.task_hosts import TaskHostClient, follow_to_task_host, running_app
 
 LABEL = "http"
 FIRST_LINE = b"first line\n"
@@ -28,19 +26,8 @@ FIRST_LINE = b"first line\n"
 
 @pytest.fixture(scope="module")
 def web_task(cluster):
-    from jobs.models import User
-
-    owner = User.objects.create_user(f"streamer{time.monotonic_ns()}")
-    owner.password = hashed_password("pw-for-tests-1")
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config("streams", role(command=app_command(LABEL), portList=port_spec(LABEL)), image=DEBIAN_IMAGE))
-    attempt = running_attempt(job, timeout=90)
-    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
-    yield owner, attempt
-    job.refresh_from_db()
-    if not job.is_final:
-        services.job_stop(job=job, by=owner)
+    with running_app("streams", LABEL) as (owner, attempt):
+        yield owner, attempt
 
 
 def _signed_in(cluster, user, attempt) -> TaskHostClient:

@@ -177,8 +177,15 @@ def test_the_task_tables_show_a_page_of_tasks_in_the_configs_role_order(alice, n
     assert task_rows(pages[2]) == [f"chief-{i}" for i in range(80, 120)]
     assert "Tasks 201–240 of 240" in pages[2] and 'href="?tasks=2#tasks" rel="prev"' in pages[2]
     assert 'rel="next"' not in pages[2] and 'href="?tasks=2#tasks" rel="next"' in pages[0]
-    # The log viewer's menu still offers every task of the attempt.
-    assert pages[0].count("· running</option>") == 240
+    # The log viewer's menu offers the tasks the tables show.
+    assert menu_tasks(pages[1]) == {(number, task) for number in "21" for task in task_rows(pages[1])}
+
+
+def menu_tasks(html: str) -> set[tuple[str, str]]:
+    """The log viewer's menu as (job attempt, <role>-<index>)."""
+    import re
+    return {(number, task) for number, options in re.findall(r'<optgroup label="Attempt (\d+)">(.*?)</optgroup>', html, re.S)
+            for task in re.findall(r'<option value="\d+">([^ ]+) · ', options)}
 
 
 @pytest.mark.parametrize("page", ["0", "-1", "99", "abc", "1e3", "2" * 40])
@@ -236,6 +243,45 @@ def test_the_log_viewer_opens_on_the_failed_task_that_ended_the_job_wherever_its
                                          exit_trigger_index=270)
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert f'data-stream="stderr" data-attempt="{failed.pk}"' in html
+    # The menu offers the first page's tasks and the one the viewer opens on.
+    assert menu_tasks(html) == {("1", f"main-{i}") for i in [*range(100), 270]}
+    assert f'<option value="{failed.pk}">main-270 · failed</option>' in html
+
+
+def test_the_log_menu_follows_the_tables_and_keeps_only_this_jobs_opened_task(alice, bob, node, monkeypatch):
+    """A 1,000-task job's menu was every task attempt (2,000, ~100 KB a
+    poll): now the tasks on the tables' page and filter, in the shown
+    attempt and then, newest first, in the others, at most LOG_MENU_MAX;
+    a task opened by the URL (`?log=`) is offered too, but only this job's."""
+    from jobs.views import jobs as job_views
+
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=300, attempts=3)
+    TaskAttempt.objects.filter(job=job, number=3, task__index__in=[5, 150]).update(state=TaskState.FAILED)
+    html = client.get(f"/jobs/{job.pk}/live/?tasks=2").content.decode()
+    assert menu_tasks(html) == {(n, f"main-{i}") for n in "321" for i in range(100, 200)}
+    failed = client.get(f"/jobs/{job.pk}/live/?task_state=FAILED").content.decode()
+    assert menu_tasks(failed) == {(n, f"main-{i}") for n in "321" for i in (5, 150)}
+    monkeypatch.setattr(job_views, "LOG_MENU_MAX", 150)
+    capped = client.get(f"/jobs/{job.pk}/live/").content.decode()
+    assert menu_tasks(capped) == {("3", f"main-{i}") for i in range(100)} | {("2", f"main-{i}") for i in range(50)}
+    # Opened by the URL on another page: offered on the whole page (the
+    # live part keeps it in the browser), and in its own job attempt.
+    far = TaskAttempt.objects.get(job=job, number=1, task__index=280)
+    whole = client.get(f"/jobs/{job.pk}/?log={far.pk}&stream=stdout").content.decode()
+    assert ("1", "main-280") in menu_tasks(whole) and f'data-attempt="{far.pk}"' in whole
+    # Another job's task attempt is never named, even by its own owner's link.
+    theirs = big_job(bob, node, tasks=1, attempts=1)
+    other = TaskAttempt.objects.get(job=theirs)
+    page = client.get(f"/jobs/{job.pk}/?log={other.pk}").content.decode()
+    assert f'<option value="{other.pk}">' not in page
+    assert client.get(f"/jobs/{job.pk}/?log=99999999999999999999999").status_code == 200
+    # Another user and an anonymous client get nothing of it.
+    bobs = Client()
+    bobs.force_login(bob)
+    assert bobs.get(f"/jobs/{job.pk}/?log={far.pk}").status_code == 404
+    assert Client().get(f"/jobs/{job.pk}/live/?tasks=2").status_code == 302
 
 
 def test_another_user_and_an_anonymous_client_see_no_page_of_anothers_tasks(alice, bob, node):

@@ -251,3 +251,19 @@ def test_a_big_jobs_task_pages_and_state_filter_fit_a_phone_and_stay_as_chosen_w
     expect(phone.locator(".task-states .current")).to_contain_text("failed 2")
     screenshot(phone, "big-job-failed-tasks-phone")
     assert phone.evaluate(PAGE_OVERFLOW) == 0
+
+
+def test_the_log_menu_keeps_the_task_open_in_the_viewer_while_the_tables_show_others(desktop, alice, big_node):
+    """The log menu lists the tasks the tables show; a task opened from the
+    URL on another page stays chosen and named when the page polls."""
+    job = big_job(alice, big_node, tasks=300)
+    current = TaskAttempt.objects.filter(job=job, number=job.attempt_number)
+    far = current.get(task__index=280)
+    desktop.goto(f"/jobs/{job.pk}/?log={far.pk}&stream=stdout")
+    expect(desktop.locator("#log-task")).to_have_value(str(far.pk))
+    current.filter(task__index=3).update(state=TaskState.FAILED, exit_code=1)
+    # A poll's menu, where the task open in the viewer is not.
+    expect(desktop.locator('#log-task optgroup[label="Attempt 2"] option', has_text="main-3 · failed")).to_have_count(1)
+    expect(desktop.locator("#log-task")).to_have_value(str(far.pk))
+    expect(desktop.locator("[data-log-status]")).to_contain_text("main-280")
+    assert desktop.locator("#log-task option").count() < 250

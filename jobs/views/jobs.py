@@ -202,11 +202,13 @@ def _role_tables(job: Job, page: TaskPage, attempts: list[TaskAttempt]) -> list[
     return tables
 
 
-# The log viewer's task menu lists at most this many task attempts: the
-# shown job attempt's, then the newest of the others. A job may hold 1,000
-# tasks and 100 retries (101,000 task attempts), and its page's live parts
-# are drawn again every few seconds.
-LOG_MENU_MAX = 2000
+# The log viewer's task menu follows the task tables: the tasks of the page
+# and filter they show, in the shown job attempt, then those tasks' attempts
+# in the others, newest first, at most this many in all. A job may hold
+# 1,000 tasks and 100 retries (101,000 task attempts), and the menu is drawn
+# again with the tables every 2 s; another task's log is a page of the
+# tables away (its stdout and stderr links open it here).
+LOG_MENU_MAX = 300
 
 
 @dataclass(frozen=True)
@@ -216,16 +218,24 @@ class LogChoice:
     state: str  # its label
 
 
-def _log_choices(job: Job, number: int, listing: TaskListing) -> list[tuple[int, list[LogChoice]]]:
+def _log_choices(job: Job, number: int, listing: TaskListing, page: TaskPage,
+                 opened: int | None = None) -> list[tuple[int, list[LogChoice]]]:
     """The log viewer's task menu: tasks grouped by job attempt, newest
-    first; the shown attempt's in the tables' order, read as plain values."""
+    first; the shown attempt's in the tables' order, read as plain values.
+    `opened`, the task attempt the viewer opens on, is offered wherever its
+    task is, so that the menu names what the viewer shows."""
     labels = dict(TaskState.choices)
+    on_page = set(page.task_ids)
     shown = [LogChoice(pk, f"{role}-{index}", labels[state])
-             for _, role, index, pk, state in listing.rows if pk is not None][:LOG_MENU_MAX]
+             for task_id, role, index, pk, state in listing.rows if pk is not None and task_id in on_page][:LOG_MENU_MAX]
     groups: dict[int, list[LogChoice]] = {number: shown} if shown else {}
-    others = (job.task_attempts.exclude(number=number).order_by("-number", "task__role", "task__index")
+    others = (job.task_attempts.exclude(number=number).filter(task_id__in=page.task_ids)
+              .order_by("-number", "task__role", "task__index")
               .values_list("pk", "number", "task__role", "task__index", "state")[:max(0, LOG_MENU_MAX - len(shown))])
-    for pk, other, role, index, state in others:
+    rows = list(others)
+    if opened is not None and all(row[0] != opened for row in rows) and all(c.pk != opened for c in shown):
+        rows += job.task_attempts.filter(pk=opened).values_list("pk", "number", "task__role", "task__index", "state")
+    for pk, other, role, index, state in rows:
         groups.setdefault(other, []).append(LogChoice(pk, f"{role}-{index}", labels[state]))
     return sorted(groups.items(), key=lambda group: -group[0])
 
@@ -260,7 +270,9 @@ def _task_links(page: TaskPage, attempt: int | None) -> dict:
     }
 
 
-def _detail_context(request: HttpRequest, job: Job) -> dict:
+def _detail_context(request: HttpRequest, job: Job, *, whole_page: bool = False) -> dict:
+    """What the page's live parts show; with `whole_page`, also where the
+    log viewer opens (the live parts keep what the viewer has open)."""
     job_attempts = list(job.attempts.all())
     number = _shown_attempt_number(request, job, job_attempts)
     listing = _task_listing(job, number)
@@ -271,6 +283,7 @@ def _detail_context(request: HttpRequest, job: Job) -> dict:
     shown = list(job.task_attempts.filter(number=number, task_id__in=page.task_ids)
                  .select_related("task", "node", "job_attempt"))
     waiting = job.state == State.WAITING
+    log_attempt, log_stream = _log_start(request, job, listing) if whole_page else ("", "stdout")
     chosen = number if parse_id(request.GET.get("attempt", "")) == number else None
     return {
         "job": job,
@@ -281,7 +294,9 @@ def _detail_context(request: HttpRequest, job: Job) -> dict:
         "task_links": _task_links(page, chosen),
         "role_tables": _role_tables(job, page, shown),
         "task_access": access.tasks_access(job=job, attempts=shown, user=request.user),
-        "log_groups": _log_choices(job, number, listing),
+        "log_groups": _log_choices(job, number, listing, page, opened=parse_id(log_attempt)),
+        "log_attempt": log_attempt,
+        "log_stream": log_stream,
         "queue_position": services.queue_position(job) if waiting else None,
         "never_fits": services.never_fits_reason(job) if waiting else None,
         "can_stop": not job.is_final,
@@ -291,7 +306,7 @@ def _detail_context(request: HttpRequest, job: Job) -> dict:
 @require_GET
 def detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_user(request, job_id)
-    context = _detail_context(request, job)
+    context = _detail_context(request, job, whole_page=True)
     context["storage_links"] = job_storage_links(job=job, user=request.user)
     context["config_raw"] = job.config_raw  # a v2 job's YAML has its secrets masked when stored
     context["config_is_yaml"] = protocol_of(job.config_raw) == 2
@@ -299,7 +314,6 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context["can_tag"] = job.owner_id == request.user.pk
     context["config_normalized"] = json.dumps(job.spec.to_config(), indent=2, ensure_ascii=False)
     context["streams"] = [(s.label, s.label) for s in Stream]
-    context["log_attempt"], context["log_stream"] = _log_start(request, job, context["task_listing"])
     context.update(_usage_context(job))
     return render(request, "jobs/detail.html", context)
 

@@ -70,6 +70,7 @@
       t.tabIndex = on ? 0 : -1;
     });
     if (select.value !== s.attempt) select.value = s.attempt;
+    keep();
     if (opts.keepResults !== true) results.hidden = true;
     if (!s.attempt) {
       download.hidden = true;
@@ -199,10 +200,25 @@
   });
 
   // The task menu is refreshed with the rest of the page while the job runs.
+  // It lists the tasks the tables show; the task open here stays in it when
+  // the tables show others (it came from the page's URL).
+  var kept = null;
+  function keep() {
+    var option = s.attempt && select.querySelector('option[value="' + s.attempt + '"]');
+    if (!option) return;
+    kept = option.parentNode.tagName === "OPTGROUP" ? option.parentNode.cloneNode(false) : null;
+    if (kept) kept.appendChild(option.cloneNode(true)); else kept = option.cloneNode(true);
+  }
   document.addEventListener("portal:part-updated", function (event) {
     if (event.detail.name !== "logtasks") return;
+    var keptHere = kept && (kept.tagName === "OPTION" ? kept.value === s.attempt
+                                                      : kept.querySelector('option[value="' + s.attempt + '"]'));
+    if (s.attempt && keptHere && !select.querySelector('option[value="' + s.attempt + '"]')) {
+      select.appendChild(kept.cloneNode(true));
+    }
     if (s.attempt && select.querySelector('option[value="' + s.attempt + '"]')) {
       select.value = s.attempt;
+      keep();
       updateStatus();
     } else if (!s.attempt) {
       var first = select.querySelector("option[value]:not([value=''])");

@@ -9,7 +9,6 @@ and jobs with unique names (see `make_user`).
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from django.conf import settings
 from tests import services as test_services
 from tests.cluster import Cluster, remove_test_containers
 from tests.browser import browser, page, portal_in_process  # noqa: F401  (fixtures)
-from tests.helpers import hashed_password
+from tests.helpers import new_user, unique  # noqa: F401  (unique: tests import it from here)
 from tests import settings as test_settings
 from tests.settings import TEST_VAR
 
@@ -165,13 +164,6 @@ def hdfs_cluster():
         running.stop()
 
 
-_counter = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{next(_counter)}_{uuid.uuid4().hex[:6]}"
-
-
 @pytest.fixture
 def make_user() -> Iterator[Callable[..., object]]:
     """Users with unique names; their unfinished jobs are stopped after the
@@ -181,10 +173,7 @@ def make_user() -> Iterator[Callable[..., object]]:
     made: list[User] = []
 
     def make(prefix: str = "user", *, admin: bool = False, password: str = "pw-for-tests-1") -> User:
-        user = User.objects.create_user(unique(prefix), is_staff=admin, is_superuser=admin)
-        user.password = hashed_password(password)
-        user.save(update_fields=["password"])
-        user.test_password = password  # type: ignore[attr-defined]
+        user = new_user(prefix, admin=admin, password=password)
         made.append(user)
         return user
 

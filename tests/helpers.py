@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import requests
 
 from jobs import services
-from jobs.models import Job, LogLine, Stream, TaskAttempt, VirtualCluster
+from jobs.models import Job, LogLine, Stream, TaskAttempt, User, VirtualCluster
 from tests.cluster import wait_for
 from tests.services import BUSYBOX_IMAGE, DEBIAN_IMAGE
 
@@ -88,6 +90,36 @@ def example(name: str, **replace: Any) -> dict[str, Any]:
     value = jsonc.loads((EXAMPLES / name).read_text()).value
     value.update(replace)
     return value
+
+
+_counter = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{next(_counter)}_{uuid.uuid4().hex[:6]}"
+
+
+def new_user(prefix: str = "user", *, admin: bool = False, password: str = "pw-for-tests-1") -> User:
+    """A user of a test's own: a unique name, `password` (hashed once per
+    run) kept as `test_password` for the login form."""
+    user = User.objects.create_user(unique(prefix), is_staff=admin, is_superuser=admin)
+    user.password = hashed_password(password)
+    user.save(update_fields=["password"])
+    user.test_password = password  # type: ignore[attr-defined]
+    return user
+
+
+@contextlib.contextmanager
+def running_job_of(owner: User, job_config: dict, *, timeout: float = 60) -> Iterator[tuple[Job, TaskAttempt]]:
+    """`job_config` submitted as `owner`, once its first task runs in a
+    container; stopped afterwards unless it has ended."""
+    job = submit(owner, job_config)
+    try:
+        yield job, running_attempt(job, timeout=timeout)
+    finally:
+        job.refresh_from_db()
+        if not job.is_final:
+            services.job_stop(job=job, by=owner)
 
 
 @functools.cache

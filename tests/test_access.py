@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import uuid
 from datetime import timedelta
 from html import unescape
 from html.parser import HTMLParser
@@ -24,12 +23,13 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from jobs import keys, services
-from jobs.models import SshKey, State, TaskAttempt, TerminalSession, User
+from jobs.models import SshKey, State, TaskAttempt, TerminalSession
 from jobs.services import access
 from tests.cluster import wait_for
 from tests.task_hosts import TaskHostClient, follow_to_task_host
 from tests.helpers import (
-    DEBIAN_IMAGE, config, csrf_token, example, hashed_password, lines, login, role, running_attempt, submit, wait_state,
+    DEBIAN_IMAGE, config, csrf_token, example, lines, login, new_user, role, running_attempt, running_job_of, submit,
+    wait_state,
 )
 
 JUPYTER_PORT = [{"label": "jupyter", "beginAt": 0, "portNumber": 1}]
@@ -233,15 +233,9 @@ def test_it_lets_tasks_reach_each_other_by_role_and_index_over_ssh(alice, cluste
 def busybox_task(cluster):
     """A running busybox task (busybox has no SSH server) of a user of its
     own, shared by the tests below."""
-    owner = User.objects.create_user(f"carol{uuid.uuid4().hex[:8]}")
-    owner.password = hashed_password("pw-for-tests-1")  # hashed once per run: the hasher is slow
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config("nossh", role(command="sleep 600")))
-    yield owner, job, running_attempt(job)
-    job.refresh_from_db()
-    if not job.is_final:
-        services.job_stop(job=job, by=owner)
+    owner = new_user("carol")
+    with running_job_of(owner, config("nossh", role(command="sleep 600"))) as (job, attempt):
+        yield owner, job, attempt
 
 
 @pytest.mark.services

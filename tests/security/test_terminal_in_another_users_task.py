@@ -11,30 +11,21 @@ typed there is theirs to read, and connects only when the admin says so."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import requests
 from playwright.sync_api import expect
 
-from jobs import services
-from jobs.models import TerminalSession, User
+from jobs.models import TerminalSession
 from tests.browser import login as browser_login
 from tests.cluster import wait_for
-from tests.helpers import config, hashed_password, login, role, running_attempt, submit
+from tests.helpers import config, login, new_user, role, running_job_of
 
 
 @pytest.fixture
 def users_task(cluster):
-    owner = User.objects.create_user(f"lurer{time.monotonic_ns()}")
-    owner.password = hashed_password("pw-for-tests-1")
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config("lure", role(command="sleep 600")))
-    yield owner, job, running_attempt(job)
-    job.refresh_from_db()
-    if not job.is_final:
-        services.job_stop(job=job, by=owner)
+    owner = new_user("lurer")
+    with running_job_of(owner, config("lure", role(command="sleep 600"))) as (job, attempt):
+        yield owner, job, attempt
 
 
 @pytest.mark.services

@@ -161,11 +161,14 @@ def enter_form(page: str) -> EnterForm:
 
 def enter_page(session: requests.Session, base_url: str, link: str) -> requests.Response:
     """The portal's page with the enter form, past the notice an admin gets
-    for another user's port (a form of the portal's)."""
+    for another user's port, or anyone for a path the portal did not sign
+    (a form of the portal's, confirmed as its button would)."""
     page = session.get(base_url + link, allow_redirects=False)
     assert page.status_code == 200, (page.status_code, page.text[:300])
     if 'id="web-port-enter"' not in page.text:
-        page = session.post(base_url + link, data={"csrfmiddlewaretoken": csrf_token(page.text)},
+        landing = re.search(r'<input type="hidden" name="next" value="([^"]*)"', page.text)
+        data = {"csrfmiddlewaretoken": csrf_token(page.text), "next": html.unescape(landing.group(1)) if landing else "/"}
+        page = session.post(base_url + link, data=data,
                             headers={"Referer": base_url + link}, allow_redirects=False)
         assert page.status_code == 200, (page.status_code, page.text[:300])
     return page

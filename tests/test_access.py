@@ -24,7 +24,7 @@ from websockets.sync.client import connect as ws_connect
 
 from jobs import keys, services
 from jobs.models import SshKey, State, TaskAttempt, TerminalSession
-from jobs.services import access
+from jobs.services import access, webports
 from tests.cluster import wait_for
 from tests.task_hosts import TaskHostClient, follow_to_task_host
 from tests.helpers import (
@@ -362,7 +362,9 @@ def test_it_serves_jupyter_from_a_task_through_the_portal_and_opens_it_from_the_
     url = wait_for(lambda: links_with_class(job_page(owner, base, plain), "jupyter-link"), what="the Jupyter link")[0]
     # The example sets the token to "" (two quote characters, as the shell
     # passes them); the link carries it, so the click lands in the notebook.
-    assert url == proxy_link + "?next=%2F%3Ftoken%3D%2522%2522"
+    # The portal signs the path it chose, so the link goes straight on (finding 43).
+    signature = webports.landing_signature(attempt_id=attempt.pk, port=port, path='/?token=%22%22')
+    assert unescape(url) == proxy_link + f"?next=%2F%3Ftoken%3D%2522%2522&landing={signature}"
     client, landing = follow_to_task_host(owner, base, unescape(url))
     assert landing == "/?token=%22%22"
     response = jupyter_home(client, landing)

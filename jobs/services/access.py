@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import keys
+from jobs.services import webports
 from jobs.environment import SSH_PORT_LABEL
 from jobs.models import Job, LogLine, SshKey, Stream, TaskAttempt, TaskState, TerminalSession, User, lock_user_row
 
@@ -38,9 +39,14 @@ class PortLink:
 
 def web_port_url(attempt: TaskAttempt, port: int, next_path: str = "") -> str:
     """The portal's link into a task's web port: it signs the user in to the
-    port's own host name (jobs/services/webports.py) and lands on `next_path`."""
+    port's own host name (jobs/services/webports.py) and lands on `next_path`,
+    which the link carries signed as the portal's own choice (a path in an
+    unsigned link is shown to the user before it is opened)."""
     url = reverse("jobs:web_port", args=[attempt.job_id, attempt.pk, port])
-    return url + (f"?{urlencode({'next': next_path})}" if next_path else "")
+    if not next_path:
+        return url
+    signature = webports.landing_signature(attempt_id=attempt.pk, port=port, path=next_path)
+    return url + f"?{urlencode({'next': next_path, 'landing': signature})}"
 
 
 def port_links(attempt: TaskAttempt) -> list[PortLink]:

@@ -56,6 +56,10 @@ TICKET_SECONDS = 30
 ENTER_PATH = "/__pai_portal__/enter"
 COOKIE_NAME = "pai_webport"
 _TICKET_SALT = "jobs.webports.ticket"
+_LANDING_SALT = "jobs.webports.landing"
+# The longest path a link may ask to land on (a browser's URL is longer, a
+# task's own links are far shorter).
+LANDING_MAX_CHARS = 2048
 _COOKIE_SALT = "jobs.webports.cookie"
 _HOST_RE = re.compile(r"t(\d{1,18})-(\d{1,5})")
 # A forward proof is good this long either side of its timestamp (clocks of
@@ -171,6 +175,19 @@ def safe_next_path(path: str) -> str:
     if not path.startswith("/") or path.startswith(("//", "/\\")) or any(c in path for c in "\r\n\t"):
         return "/"
     return iri_to_uri(path)
+
+
+def landing_signature(*, attempt_id: int, port: int, path: str) -> str:
+    """Signs a landing path the portal itself chose for a task's port (the
+    job page's Open Jupyter link, with its token): a link carrying it goes
+    straight on, while a path from anywhere else is shown to the user first
+    (finding 43)."""
+    return salted_hmac(_LANDING_SALT, f"{attempt_id}:{port}:{path}", algorithm="sha256").hexdigest()[:32]
+
+
+def landing_signed(*, attempt_id: int, port: int, path: str, signature: str) -> bool:
+    expected = landing_signature(attempt_id=attempt_id, port=port, path=path)
+    return secrets.compare_digest(expected.encode(), signature.encode("utf-8", errors="replace"))
 
 
 def portal_origin_trusted(origin: str) -> bool:

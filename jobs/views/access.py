@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -42,18 +42,30 @@ def web_port(request: HttpRequest, job_id: int, attempt_id: int, port: int) -> H
     """Into a task's web port through the portal's proxy, for the job's
     owner or an admin: a page of the portal's that posts a one-time ticket
     to the task's own host name (jobs/services/webports.py); `?next=` is
-    the path to land on. The owner goes straight on (the page posts itself);
-    an admin opening another user's port is first told whose content it is,
-    and goes on by the notice's form (a POST with the portal's CSRF check),
-    so a link alone never lands them on a user's page (finding 36)."""
+    the path to land on. The owner goes straight on (the page posts itself)
+    to "/" or to a path the portal's own link signed (`landing`). Anyone
+    can send a link, so another path is shown first and opened only by the
+    notice's form (finding 43), and an admin opening another user's port is
+    told whose content it is (finding 36): both go on by a POST under the
+    portal's CSRF check, so a link alone never lands anyone anywhere but
+    their own app's start page."""
     job = job_for_user(request, job_id)
     attempt = get_object_or_404(TaskAttempt.objects.select_related("task"), pk=attempt_id, job=job)
-    context = {"job": job, "attempt": attempt, "port": port}
-    if job.owner_id != request.user.pk and request.method != "POST":
+    source = request.POST if request.method == "POST" else request.GET
+    asked = source.get("next", "/")
+    if len(asked) > webports.LANDING_MAX_CHARS:
+        return HttpResponseBadRequest(f"The path to open (next) is longer than {webports.LANDING_MAX_CHARS} "
+                                      "characters.", content_type="text/plain; charset=utf-8")
+    next_path = webports.safe_next_path(asked)
+    signed = webports.landing_signed(attempt_id=attempt.pk, port=port, path=asked,
+                                     signature=request.GET.get("landing", ""))
+    others_port = job.owner_id != request.user.pk
+    context = {"job": job, "attempt": attempt, "port": port, "next_path": next_path, "others_port": others_port}
+    if request.method != "POST" and (others_port or (next_path != "/" and not signed)):
         return _no_store(render(request, "jobs/web_port_notice.html", context))
     try:
         form = webports.web_port_enter_form(user=request.user, attempt_id=attempt.pk, port=port,
-                                            next_path=request.GET.get("next", "/"), secure=request.is_secure(),
+                                            next_path=next_path, secure=request.is_secure(),
                                             portal_host=request.get_host())
     except webports.WebPortUnavailable as exc:
         messages.error(request, f"Could not open port {port}: {exc}.")

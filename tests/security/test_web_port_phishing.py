@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from jobs.models import TaskAttempt
-from jobs.services import webports
+from jobs.services import access, webports
 from tests.helpers import login
 from tests.task_hosts import TaskHostClient, enter_form, follow_to_task_host, running_app
 
@@ -32,7 +32,8 @@ LABEL = "http"
 
 
 def link_of(attempt: TaskAttempt) -> str:
-    return f"/jobs/{attempt.job_id}/tasks/{attempt.pk}/ports/{attempt.ports[LABEL][0]}/?next=/echo"
+    """The portal's own link, its path signed (finding 43), as its owner has it."""
+    return access.web_port_url(attempt, attempt.ports[LABEL][0], "/echo")
 
 
 @pytest.fixture(scope="module")

@@ -329,6 +329,12 @@ TERMINAL_IDLE_SECONDS = env_int("TERMINAL_IDLE_SECONDS", 3600, minimum=1)
 # keep it open (jobs/webports/app.py). A browser opens 6 connections per
 # host at most, plus a few WebSockets per tab.
 WEB_PORT_CONNECTIONS_PER_USER = env_int("WEB_PORT_CONNECTIONS_PER_USER", 64, minimum=1)
+# Connections a node agent's web-port forwarder splices at once to the web
+# ports of one user's tasks (whoever opened them: the owner or an admin).
+# Each holds two of the agent's file descriptors; every portal worker may
+# send WEB_PORT_CONNECTIONS_PER_USER, so without this one user's tasks
+# could take all of the agent's (jobs/node/webforward.py).
+WEB_PORT_NODE_CONNECTIONS_PER_USER = env_int("WEB_PORT_NODE_CONNECTIONS_PER_USER", 128, minimum=1)
 JUPYTER_IDLE_MINUTES = env_int("JUPYTER_IDLE_MINUTES", 60, minimum=1)
 # Submit Job: the image a new job starts with (pick one every node has locally).
 SUBMIT_DEFAULT_IMAGE = env_str("SUBMIT_DEFAULT_IMAGE", "pai-local/debian:bookworm")

@@ -79,10 +79,11 @@ def port_spec(label: str) -> list[dict]:
 
 
 @contextmanager
-def running_app(name: str, label: str = "http") -> Iterator[tuple[Any, Any]]:
+def running_app(name: str, label: str = "http", *, gpu_type: str = "") -> Iterator[tuple[Any, Any]]:
     """(owner, task attempt): a user of its own (its password as
     `test_password`) whose one-task job `name` serves the app on its first
-    `label` port in the Debian image; the job is stopped afterwards."""
+    `label` port in the Debian image (on a node of `gpu_type`, with one GPU,
+    if given); the job is stopped afterwards."""
     from jobs import services
     from jobs.models import User
     from tests.cluster import wait_for
@@ -92,7 +93,9 @@ def running_app(name: str, label: str = "http") -> Iterator[tuple[Any, Any]]:
     owner.password = hashed_password("pw-for-tests-1")
     owner.save(update_fields=["password"])
     owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config(name, role(command=app_command(label), portList=port_spec(label)), image=DEBIAN_IMAGE))
+    placement = {"gpuType": gpu_type} if gpu_type else {}
+    task_role = role(command=app_command(label), portList=port_spec(label), gpus=1 if gpu_type else 0)
+    job = submit(owner, config(name, task_role, image=DEBIAN_IMAGE, **placement))
     attempt = running_attempt(job, timeout=90)
     wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
     try:

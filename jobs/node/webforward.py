@@ -27,6 +27,7 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -45,6 +46,9 @@ MAX_HANDSHAKES = 128
 REFUSED_PROOF = b"NO bad, stale or used proof\n"
 REFUSED_PORT = b"NO not a web port of a task running on this node\n"
 REFUSED_UNREACHABLE = b"NO the task's web port does not answer (yet)\n"
+# The proxy tells this one (it starts "NO busy") to the browser as a 429.
+REFUSED_BUSY = ("NO busy: this node forwards {limit} connections to the web ports of this user's tasks already, "
+                "the most it takes (WEB_PORT_NODE_CONNECTIONS_PER_USER)\n")
 
 
 class Nonces:
@@ -97,6 +101,10 @@ class WebForwarder:
         self._started_ms = int(time.time() * 1000)
         self._nonces = Nonces()
         self._handshakes = 0
+        # Connections spliced, per task owner (one loop: no lock). Each holds
+        # two of the agent's file descriptors for as long as the client and
+        # the app (both may be the owner's) keep it open.
+        self.open: Counter[int] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="web-forward", daemon=True)
@@ -158,12 +166,28 @@ class WebForwarder:
             return
         self._handshakes += 1
         try:
-            port = await self._handshake(reader, writer)
+            asked = await self._handshake(reader, writer)
         finally:
             self._handshakes -= 1
-        if port is None:
+        if asked is None:
             await _close(writer)
             return
+        port, owner_id = asked
+        limit = settings.WEB_PORT_NODE_CONNECTIONS_PER_USER
+        if self.open[owner_id] >= limit:
+            writer.write(REFUSED_BUSY.format(limit=limit).encode("ascii"))
+            await _close(writer)
+            return
+        self.open[owner_id] += 1
+        try:
+            await self._connect_and_splice(reader, writer, port)
+        finally:
+            self.open[owner_id] -= 1
+            if not self.open[owner_id]:
+                del self.open[owner_id]
+
+    async def _connect_and_splice(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                  port: int) -> None:
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(settings.NODE_WEB_PORT_ADDRESS, port), CONNECT_SECONDS)
@@ -174,8 +198,10 @@ class WebForwarder:
         writer.write(b"OK\n")
         await splice(reader, writer, up_reader, up_writer)
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
-        """The task port a valid proof asks for; None (the reason sent) otherwise."""
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> tuple[int, int] | None:
+        """(the task port a valid proof asks for, the task's owner); None
+        (the reason sent) otherwise."""
         try:
             line = await asyncio.wait_for(reader.readuntil(b"\n"), HANDSHAKE_SECONDS)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, OSError):
@@ -188,14 +214,16 @@ class WebForwarder:
                 or not self._nonces.claim(request.nonce, now=now_ms / 1000):
             writer.write(REFUSED_PROOF)
             return None
-        if request.port == self.port or not await asyncio.to_thread(self._is_task_web_port, request):
+        owner_id = None if request.port == self.port else await asyncio.to_thread(self._task_owner, request)
+        if owner_id is None:
             writer.write(REFUSED_PORT)
             return None
-        return request.port
+        return request.port, owner_id
 
-    def _is_task_web_port(self, request: webports.ForwardRequest) -> bool:
+    def _task_owner(self, request: webports.ForwardRequest) -> int | None:
         close_old_connections()  # a worker thread's connection may have gone stale
-        return webports.web_port_on_node(node_name=self.node_name, attempt_id=request.attempt_id, port=request.port)
+        return webports.web_port_owner_on_node(node_name=self.node_name, attempt_id=request.attempt_id,
+                                               port=request.port)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:

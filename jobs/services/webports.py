@@ -158,11 +158,15 @@ def web_port_target(*, user: User, attempt_id: int, port: int) -> WebPortTarget 
                          node_address=attempt.node.address, forward_port=forward_port_of(attempt.node.name))
 
 
-def web_port_on_node(*, node_name: str, attempt_id: int, port: int) -> bool:
-    """The node's own check before it forwards: is `port` a web port of a
-    task attempt running on this node now?"""
-    attempt = TaskAttempt.objects.filter(pk=attempt_id, node__name=node_name, state=TaskState.RUNNING).first()
-    return attempt is not None and bool(attempt.container_id) and port in web_ports(attempt)
+def web_port_owner_on_node(*, node_name: str, attempt_id: int, port: int) -> int | None:
+    """The node's own check before it forwards: if `port` is a web port of
+    a task attempt running on this node now, the id of the task's owner
+    (whose connections the forwarder counts); None otherwise."""
+    attempt = (TaskAttempt.objects.select_related("job").only("ports", "container_id", "job__owner_id")
+               .filter(pk=attempt_id, node__name=node_name, state=TaskState.RUNNING).first())
+    if attempt is None or not attempt.container_id or port not in web_ports(attempt):
+        return None
+    return attempt.job.owner_id
 
 
 def _auth_tag(user: User) -> str:

@@ -20,7 +20,7 @@ import h11
 
 from jobs.services.webports import WebPortTarget
 from jobs.webports import headers as hdrs
-from jobs.webports.node_link import CONNECT_SECONDS, NodeRefused, open_task_socket
+from jobs.webports.node_link import CONNECT_SECONDS, NodeBusy, NodeRefused, open_task_socket
 from portal.http_bridge import abort_client
 
 READ_BYTES = 64 * 1024
@@ -82,6 +82,10 @@ async def forward_http(scope: dict[str, Any], receive: Any, send: Any, target: W
                        still_allowed: Callable[[], Awaitable[bool]]) -> None:
     try:
         sock = await open_task_socket(target)
+    except NodeBusy as busy:
+        await plain_response(send, 429, f"Too many connections to this user's tasks: {busy}. Close some and try "
+                                        "again.", [(b"retry-after", b"10")])
+        return
     except NodeRefused as refused:
         await plain_response(send, 502, f"The task's web port cannot be reached: {refused}. Is its app listening "
                                         "on 0.0.0.0 at that port?")

@@ -24,6 +24,11 @@ class NodeRefused(Exception):
     """The node's forwarder is away or refused; the message says which."""
 
 
+class NodeBusy(NodeRefused):
+    """The node's forwarder holds as many connections to the task owner's
+    web ports as it takes (WEB_PORT_NODE_CONNECTIONS_PER_USER)."""
+
+
 async def open_task_socket(target: webports.WebPortTarget) -> socket.socket:
     """A connected, non-blocking socket to the task's web port (the caller
     owns it), or NodeRefused."""
@@ -49,6 +54,8 @@ async def open_task_socket(target: webports.WebPortTarget) -> socket.socket:
     if reply != b"OK":
         sock.close()
         reason = reply.removeprefix(b"NO ").decode("ascii", errors="replace") or "no answer"
+        if reason.startswith("busy: "):
+            raise NodeBusy(f"node {target.node_name} refused: {reason.removeprefix('busy: ')}")
         raise NodeRefused(f"node {target.node_name} refused: {reason}")
     return sock
 

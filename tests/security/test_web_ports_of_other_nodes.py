@@ -194,8 +194,10 @@ def test_it_forwards_only_to_a_web_port_of_that_running_task(httpd_tasks, cluste
     for port in (forwarder[1], portal_port, attempt.ports[LABEL][0] + 1):
         assert _knock(forwarder, _proof(attempt, port), GET) == (REFUSED_PORT, b"")
     # The same task on another node's forwarder (the node is in the proof and checked against the database).
-    assert not webports.web_port_on_node(node_name=attempt.node.name + "x", attempt_id=attempt.pk,
-                                         port=attempt.ports[LABEL][0])
+    assert webports.web_port_owner_on_node(node_name=attempt.node.name + "x", attempt_id=attempt.pk,
+                                           port=attempt.ports[LABEL][0]) is None
+    assert webports.web_port_owner_on_node(node_name=attempt.node.name, attempt_id=attempt.pk,
+                                           port=attempt.ports[LABEL][0]) == attempt.job.owner_id
 
 
 @pytest.mark.services

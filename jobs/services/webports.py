@@ -55,6 +55,16 @@ TICKET_SECONDS = 30
 # The one path of a task host the proxy answers itself.
 ENTER_PATH = "/__pai_portal__/enter"
 COOKIE_NAME = "pai_webport"
+# Under HTTPS the cookie is a __Host- cookie, which browsers take only from
+# the host itself (Secure, Path=/, no Domain): a page of a sibling task host
+# can set a cookie on the shared parent domain, but never one of these
+# (finding 45).
+SECURE_COOKIE_NAME = "__Host-" + COOKIE_NAME
+
+
+def cookie_name(*, secure: bool) -> str:
+    """The proxy's cookie's name on a task host served over HTTPS or not."""
+    return SECURE_COOKIE_NAME if secure else COOKIE_NAME
 _TICKET_SALT = "jobs.webports.ticket"
 _LANDING_SALT = "jobs.webports.landing"
 # The longest path a link may ask to land on (a browser's URL is longer, a

@@ -78,9 +78,12 @@ def _redeem(ticket: str, host: webports.TaskHost, origin: str) -> webports.Grant
 
 
 def _cookie_grants(scope: dict[str, Any], host: webports.TaskHost) -> list[webports.Grant]:
-    """Every valid proxy cookie for this host: a job on a sibling host may
-    have set a cookie of the same name on the parent domain."""
-    values = [v for k, v in hdrs.cookie_pairs(scope["headers"]) if k == webports.COOKIE_NAME]
+    """Every valid proxy cookie for this host. Under HTTPS only the __Host-
+    name counts, which no other host can set; over plain HTTP a job on a
+    sibling host may have set one of the same name on the parent domain, so
+    none of them shadows another: each is tried."""
+    name = webports.cookie_name(secure=_secure(scope))
+    values = [v for k, v in hdrs.cookie_pairs(scope["headers"]) if k == name]
     grants = (webports.cookie_grant(value, host=host) for value in values)
     return [g for g in grants if g is not None]
 
@@ -164,7 +167,8 @@ class WebPortProxy:
         if grant is None or await _target_of(grant) is None:
             await plain_response(send, 403, ENTER_REFUSED)
             return
-        cookie = (f"{webports.COOKIE_NAME}={webports.cookie_value(grant)}; Path=/; HttpOnly; SameSite=Lax; "
+        name = webports.cookie_name(secure=_secure(scope))
+        cookie = (f"{name}={webports.cookie_value(grant)}; Path=/; HttpOnly; SameSite=Lax; "
                   f"Max-Age={settings.PORTAL_PROXY_SESSION_SECONDS}" + ("; Secure" if _secure(scope) else ""))
         # 303: the browser goes on with a GET of the landing path.
         await plain_response(send, 303, "", [

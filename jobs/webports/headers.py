@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
-from jobs.services.webports import COOKIE_NAME
+from jobs.services.webports import COOKIE_NAME, SECURE_COOKIE_NAME
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -34,7 +34,7 @@ def csrf_header() -> bytes:
 
 
 def private_cookie_names() -> frozenset[str]:
-    return frozenset({COOKIE_NAME, settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME,
+    return frozenset({COOKIE_NAME, SECURE_COOKIE_NAME, settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME,
                       settings.LANGUAGE_COOKIE_NAME, "messages"})
 
 

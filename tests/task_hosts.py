@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import html
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -84,26 +83,15 @@ def running_app(name: str, label: str = "http", *, gpu_type: str = "") -> Iterat
     `test_password`) whose one-task job `name` serves the app on its first
     `label` port in the Debian image (on a node of `gpu_type`, with one GPU,
     if given); the job is stopped afterwards."""
-    from jobs import services
-    from jobs.models import User
     from tests.cluster import wait_for
-    from tests.helpers import DEBIAN_IMAGE, config, hashed_password, lines, role, running_attempt, submit
+    from tests.helpers import DEBIAN_IMAGE, config, lines, new_user, role, running_job_of
 
-    owner = User.objects.create_user(f"{name}{time.monotonic_ns()}")
-    owner.password = hashed_password("pw-for-tests-1")
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
+    owner = new_user(name)
     placement = {"gpuType": gpu_type} if gpu_type else {}
     task_role = role(command=app_command(label), portList=port_spec(label), gpus=1 if gpu_type else 0)
-    job = submit(owner, config(name, task_role, image=DEBIAN_IMAGE, **placement))
-    attempt = running_attempt(job, timeout=90)
-    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
-    try:
+    with running_job_of(owner, config(name, task_role, image=DEBIAN_IMAGE, **placement), timeout=90) as (job, attempt):
+        wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
         yield owner, attempt
-    finally:
-        job.refresh_from_db()
-        if not job.is_final:
-            services.job_stop(job=job, by=owner)
 
 
 @dataclass

@@ -24,7 +24,9 @@ from jobs.models import State, TaskAttempt
 from jobs.services import webports
 from tests.cluster import wait_for
 from tests.helpers import DEBIAN_IMAGE, config, lines, login, role, running_attempt, submit, wait_state
-from tests.task_hosts import TaskHostClient, app_command, enter_form, enter_page, follow_to_task_host, port_spec
+from tests.task_hosts import (
+    TaskHostClient, app_command, enter_form, enter_page, follow_to_task_host, port_spec, running_app,
+)
 
 LABEL = "http"
 
@@ -36,20 +38,8 @@ def link_of(attempt: TaskAttempt, path: str = "") -> str:
 @pytest.fixture(scope="module")
 def web_task(cluster):
     """A running task of its own user serving the test app on an `http` port."""
-    from jobs.models import User
-    from tests.helpers import hashed_password
-
-    owner = User.objects.create_user(f"webowner{time.monotonic_ns()}")
-    owner.password = hashed_password("pw-for-tests-1")
-    owner.save(update_fields=["password"])
-    owner.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
-    job = submit(owner, config("webapp", role(command=app_command(LABEL), portList=port_spec(LABEL)), image=DEBIAN_IMAGE))
-    attempt = running_attempt(job, timeout=90)
-    wait_for(lambda: lines(job) == ["serving"], timeout=60, what="the app to listen")
-    yield owner, job, attempt
-    job.refresh_from_db()
-    if not job.is_final:
-        services.job_stop(job=job, by=owner)
+    with running_app("webowner", LABEL) as (owner, attempt):
+        yield owner, attempt.job, attempt
 
 
 def test_it_signs_tickets_for_one_host_and_one_use(alice, monkeypatch):

@@ -28,7 +28,7 @@ from jobs.models import State, TaskAttempt
 from jobs.node.webforward import Nonces
 from jobs.services import webports
 from tests.cluster import wait_for
-from tests.helpers import config, lines, login, role, running_attempt, submit, wait_state
+from tests.helpers import config, lines, login, new_user, role, running_attempt, submit, wait_state
 from tests.task_hosts import follow_to_task_host, port_spec
 
 LABEL = "http"
@@ -50,11 +50,7 @@ def _serve(user, name: str) -> TaskAttempt:
 @pytest.fixture(scope="module")
 def httpd_tasks(cluster):
     """Two running busybox httpd tasks of two users."""
-    from jobs.models import User
-
-    users = [User.objects.create_user(f"fwd{who}{time.monotonic_ns()}", password="pw-for-tests-1") for who in "ab"]
-    for user in users:
-        user.test_password = "pw-for-tests-1"  # type: ignore[attr-defined]
+    users = [new_user(f"fwd{who}") for who in "ab"]
     attempts = [_serve(user, f"httpd-{i}") for i, user in enumerate(users)]
     yield users, attempts
     for attempt in attempts:

@@ -17,8 +17,10 @@ from pathlib import Path
 from tests import services as test_services
 from tests.cluster import free_port, wait_for
 
-# The registries running_registry started, by address, for frozen().
+# The registries running_registry started, by address, for frozen() and
+# down(); and how to start each again.
 _PROCESSES: dict[str, subprocess.Popen] = {}
+_FOLDERS: dict[str, Path] = {}
 
 
 def forget(image: str) -> None:
@@ -58,24 +60,52 @@ def running_registry(folder: Path, *, users: dict[str, str] | None = None) -> It
     (folder / "config.yml").write_text(
         f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n"
         f"http:\n  addr: 127.0.0.1:{port}\n{auth}")
+    address = f"127.0.0.1:{port}"
+    _FOLDERS[address] = folder
+    _PROCESSES[address] = _serve(folder, port)
+    try:
+        yield address
+    finally:
+        _FOLDERS.pop(address, None)
+        process = _PROCESSES.pop(address, None)
+        if process is not None:
+            _end(process)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve(folder: Path, port: int) -> subprocess.Popen:
     with open(folder / "registry.log", "ab") as log:
         process = subprocess.Popen(["docker-registry", "serve", str(folder / "config.yml")], stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: process.poll() is None and socket.create_connection(("127.0.0.1", port), 1).close() is None,
                  timeout=20, what="the registry to listen")
-        _PROCESSES[f"127.0.0.1:{port}"] = process
-        yield f"127.0.0.1:{port}"
+    except BaseException:
+        _end(process)
+        raise
+    return process
+
+
+def _end(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGCONT)  # a frozen() left stopped would not hear SIGTERM
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+@contextmanager
+def down(address: str) -> Iterator[None]:
+    """The registry at `address` (one of running_registry's) stopped, so
+    that connections to it are refused, as to a registry that is down;
+    started again at the end, on the same port and with the same images."""
+    _end(_PROCESSES.pop(address))
+    try:
+        yield
     finally:
-        _PROCESSES.pop(f"127.0.0.1:{port}", None)
-        process.send_signal(signal.SIGCONT)  # a frozen() left stopped would not hear SIGTERM
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        shutil.rmtree(folder, ignore_errors=True)
+        _PROCESSES[address] = _serve(_FOLDERS[address], int(address.rpartition(":")[2]))
 
 
 @contextmanager

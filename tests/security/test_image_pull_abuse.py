@@ -138,6 +138,29 @@ def test_one_users_pulls_hold_no_more_than_their_share_of_the_nodes_launches(
             job = wait_state(job, State.STOPPED, timeout=30)  # the tasks set aside end too
 
 
+def test_two_users_pulls_leave_the_nodes_launches_to_a_third(alice, bob, make_user, registry, big_image, cluster):
+    """Finding 51: each of two users had their IMAGE_PULLS_PER_USER (2)
+    pulls waited for on the node's launch threads: 2 + 2 were all
+    LAUNCH_THREADS of them, and a third user's task stayed LAUNCHING for as
+    long as the pulls lasted (here, with no stall limit, for ever)."""
+    carol = make_user("carol")
+    with registry_agent(cluster, registry, "t-node-two", gpus=2 * LAUNCH_THREADS + 1, gpu_type="TWO",
+                        env={"IMAGE_PULL_STALL_SECONDS": "0"}):
+        first = hog(alice, big_image, "TWO")
+        second = submit(bob, config("hang2", role(command="echo hang ran", tasks=LAUNCH_THREADS, gpus=1),
+                                    image=big_image, gpuType="TWO"))
+        wait_for(lambda: ImagePull.objects.filter(attempt__job=second, state=ImagePull.State.PULLING,
+                                                  layers_total__gt=0).count() == 2,
+                 timeout=60, interval=0.05, what="the second user's pulls to be under way")
+        with frozen(registry):
+            others_job_runs(carol, "TWO", timeout=45)
+            assert Job.objects.get(pk=first.pk).state == Job.objects.get(pk=second.pk).state == State.RUNNING
+            for job in (first, second):
+                services.job_stop(job=job, by=job.owner)
+            for job in (first, second):
+                wait_state(job, State.STOPPED, timeout=30)
+
+
 def test_an_image_larger_than_the_limit_is_given_up_mid_pull(alice, registry, big_image, cluster):
     with abuse_node(cluster, registry, "SIZE", IMAGE_PULL_MAX_MB="100"):
         job = submit(alice, config("huge", role(command="echo huge ran", gpus=1), image=big_image, gpuType="SIZE"))

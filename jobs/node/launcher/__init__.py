@@ -46,6 +46,15 @@ class LaunchStopped(Exception):
     there, and the task ends stopped, its command never run."""
 
 
+class RegistryUnreachable(LaunchError):
+    """The registry could not be asked (connection refused or reset, a
+    timeout, a 5xx answer): no answer about the image, unlike a refusal,
+    and maybe a passing one (Engine.check_image_access)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("IMAGE_PULL", message)
+
+
 class ImageMissing(LaunchError):
     """The engine has no image of that name (Engine.run): removed since the
     node last saw it. The caller may make sure of it again and retry."""
@@ -209,7 +218,8 @@ class Engine(Protocol):
     def check_image_access(self, image: str, auth: RegistryAuth | None) -> None:
         """Ask the image's registry, without pulling, whether `auth` (None:
         no credentials) may pull `image`; raises LaunchError("IMAGE_PULL")
-        with the registry's answer if not."""
+        with the registry's answer if not, RegistryUnreachable if there was
+        none."""
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,

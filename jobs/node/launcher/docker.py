@@ -36,7 +36,7 @@ from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, Lo
 from jobs.images import reference_key
 from jobs.node.launcher import (
     ContainerSpec, ContainerState, EngineInfo, ImageMissing, LaunchError, LogStream, PullProgress, PullWatcher,
-    RegistryAuth, firewall,
+    RegistryAuth, RegistryUnreachable, firewall,
 )
 from jobs.node.launcher import ENGINE_MARKER_NAME, LABEL_ENGINE_MARKER
 from jobs.node.launcher.docker_logs import SocketLogStream, logs_request
@@ -69,6 +69,21 @@ def _scrub(message: str, auth: RegistryAuth | None) -> str:
             if secret:
                 message = message.replace(secret, "********")
     return message
+
+
+# What the engine says when it got no answer from a registry, as opposed to
+# a refusal ("no basic auth credentials", "unauthorized", "manifest unknown",
+# "denied"): it could not connect, the connection broke, its 25 s deadline
+# passed, or the registry (or a proxy before it) answered 5xx.
+_UNREACHABLE = re.compile(
+    r"connection refused|connection reset|no route to host|network is unreachable|i/o timeout"
+    r"|context deadline exceeded|Client\.Timeout exceeded|TLS handshake timeout|server misbehaving"
+    r"|temporary failure in name resolution|no such host|unexpected HTTP status: 5\d\d", re.IGNORECASE)
+
+
+def registry_unreachable(message: str) -> bool:
+    """Does the engine's `message` say that the registry gave no answer?"""
+    return bool(_UNREACHABLE.search(message))
 
 
 class DockerEngine:
@@ -159,9 +174,12 @@ class DockerEngine:
         try:
             self.api.inspect_distribution(image, auth_config=_auth_config(auth))
         except docker.errors.APIError as exc:
-            raise LaunchError("IMAGE_PULL", _scrub(f"{exc.explanation or exc}", auth)) from None
-        except requests.exceptions.RequestException as exc:
-            raise LaunchError("IMAGE_PULL", f"the registry could not be asked: {exc.__class__.__name__}") from None
+            message = _scrub(f"{exc.explanation or exc}", auth)
+            if exc.status_code is not None and exc.status_code >= 500 and registry_unreachable(message):
+                raise RegistryUnreachable(message) from None
+            raise LaunchError("IMAGE_PULL", message) from None
+        except requests.exceptions.RequestException as exc:  # the engine itself did not answer in time
+            raise RegistryUnreachable(f"the registry could not be asked: {exc.__class__.__name__}") from None
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,

@@ -866,6 +866,7 @@ class ImagePull(models.Model):
 
     class State(models.TextChoices):
         PULLING = "PULLING", "pulling"
+        WAITING = "WAITING", "waiting for the registry"  # it could not be reached; asked again soon
         DONE = "DONE", "pulled"
         FAILED = "FAILED", "failed"
 

@@ -373,6 +373,10 @@ IMAGE_PULL_MAX_SECONDS = env_int("IMAGE_PULL_MAX_SECONDS", 7200, minimum=0)
 # launches there wait, off the node's 4 launch threads (jobs/node/images.py
 # PullSlots), so that others' launches go on. 0: no limit.
 IMAGE_PULLS_PER_USER = env_int("IMAGE_PULLS_PER_USER", 2, minimum=0)
+# How long a launch waits for a registry it cannot reach (refused connection,
+# timeout, 5xx), asking again with backoff, before its task fails; a refusal
+# fails at once. 0: fail at once.
+IMAGE_PULL_REGISTRY_WAIT_SECONDS = env_int("IMAGE_PULL_REGISTRY_WAIT_SECONDS", 600, minimum=0)
 # The Submit page's live check of a config as it is typed, per user.
 LIVE_CHECKS_PER_MINUTE = env_int("LIVE_CHECKS_PER_MINUTE", 60, minimum=1)
 # Job submissions through the REST API, per token and minute (a fixed

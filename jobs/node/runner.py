@@ -30,7 +30,7 @@ from jobs import environment, keys, services, storage
 from jobs.models import ExitType, Job, SshKey, TaskAttempt
 from jobs.node import launcher
 from jobs.node.context import NodeContext
-from jobs.node.images import ImageGate, PullDeferred, PullSlots, RepositoryRecord, resolve_host
+from jobs.node.images import ImageGate, LaunchSetAside, PullSlots, RepositoryRecord, resolve_host
 from jobs.node.staging import CodeStager, owner_reader, stage_folder
 from jobs.services.access import ensure_job_key_pair
 from jobs.spec import JobSpec
@@ -269,8 +269,9 @@ class Runner:
         self._launches.put((attempt_id, timing))
 
     def _relaunch(self, attempt_id: int) -> None:
-        """An attempt set aside while its owner's pulls were under way
-        (PullSlots) goes back in line; it is still claimed and launching."""
+        """An attempt set aside (ImageGate: its owner's pulls under way, its
+        own check or pull, its registry unreachable) goes back in line; it is
+        still claimed and launching."""
         self._launches.put((attempt_id, LaunchTiming(attempt_id)))
 
     def is_launching(self, attempt_id: int) -> bool:
@@ -294,10 +295,10 @@ class Runner:
             try:
                 close_old_connections()
                 self._launch_and_watch(attempt_id, timing)
-            except PullDeferred:
-                set_aside = True  # still launching: PullSlots hands it back
-                self.writer.note(attempt_id, f"waiting to pull its image: this user has {settings.IMAGE_PULLS_PER_USER} "
-                                             "image pulls under way on this node (IMAGE_PULLS_PER_USER)")
+            except LaunchSetAside as exc:
+                set_aside = True  # still launching: ImageGate hands it back
+                if exc.note:
+                    self.writer.note(attempt_id, exc.note)
             except Exception:
                 log.exception("launching task attempt %s failed", attempt_id)
                 connection.close()
@@ -306,6 +307,7 @@ class Runner:
                     with self._lock:
                         self._launching.discard(attempt_id)
                         self._stop_asked.discard(attempt_id)
+                    self._images.finished(attempt_id)
                     timing.write()
 
     def _stop_was_asked(self, attempt_id: int) -> bool:
@@ -326,7 +328,7 @@ class Runner:
             self._notes_written(attempt_id)
             services.attempt_record_exit(attempt_id, services.ContainerExit(None))
             return
-        except PullDeferred:
+        except LaunchSetAside:
             raise
         except launcher.LaunchError as exc:
             self.writer.note(attempt_id, exc.message)
@@ -373,10 +375,10 @@ class Runner:
         image, _auth = ctx.spec.role_image(ctx.me.role)
         auth = config_registry_auth(ctx) or self._registry_auth(ctx)
 
-        def ensure_image() -> None:
+        def ensure_image(aside: bool = True) -> None:
             self._images.ensure(image, auth, allowed=settings.REGISTRY_ALLOWED,
                                 note=lambda text: self.writer.note(attempt_id, text), attempt_id=attempt_id,
-                                stopped=lambda: self._stop_was_asked(attempt_id), owner=ctx.job.owner_id)
+                                stopped=lambda: self._stop_was_asked(attempt_id), owner=ctx.job.owner_id, aside=aside)
 
         self._unless_stopped(attempt_id)  # stopped while it waited for a launch thread
         ensure_image()
@@ -403,7 +405,8 @@ class Runner:
             files=peer_ssh_files(ctx) if len(ctx.peers) > 1 else {},
         )
         timing.mark("prepared")
-        return self._create_and_start(ctx, spec, kept_answer=kept_answer, ensure_image=ensure_image)
+        # Rare (an image removed behind the node's back): waited for on the launch thread.
+        return self._create_and_start(ctx, spec, kept_answer=kept_answer, ensure_image=lambda: ensure_image(aside=False))
 
     def _create_and_start(self, ctx: LaunchContext, spec: launcher.ContainerSpec, *, kept_answer: bool,
                           ensure_image: Callable[[], None]) -> str:
@@ -521,7 +524,7 @@ class Runner:
             with self._lock:
                 if attempt_id in self._launching:
                     self._stop_asked.add(attempt_id)  # stopped as soon as it has started
-                    if self._images.slots.withdraw(attempt_id):
+                    if self._images.withdraw(attempt_id):
                         self._relaunch(attempt_id)  # set aside: in line again, it ends stopped at once
                     return
             watcher = self.context.watchers.get(attempt_id)  # its launch ended meanwhile

@@ -11,7 +11,7 @@
     listing     the job list's filters, sorting and pages (read-only)
     access      port links, Jupyter and SSH access, idle notices; users' SSH keys; the job's private key
     storage_links  the job page's folder links, the storage page's folder URLs (read-only)
-    pulls       image pulls on nodes: pull_start, pull_progress, pull_finish (the agent); pulls_shown (the job page)
+    pulls       image pulls on nodes: pull_start, pull_progress, pull_wait, pull_finish (the agent); pulls_shown (the job page)
     terminals   browser terminal sessions: terminal_session_open, terminal_session_close
     tokens      API tokens: create, authenticate, revoke
     permissions_memo  per-process memo of token and virtual-cluster answers
@@ -42,7 +42,7 @@ from jobs.services.cluster import (
 )
 from jobs.services.nodes import NodeInfo, node_heartbeat, node_leave, node_register, nodes_mark_lost
 from jobs.services.scheduling import LaunchHere, schedule_pass
-from jobs.services.pulls import PullCounts, pull_finish, pull_progress, pull_start, pulls_shown
+from jobs.services.pulls import PullCounts, pull_finish, pull_progress, pull_start, pull_wait, pulls_shown
 from jobs.services.submission import (
     SubmitError,
     job_submit,
@@ -61,7 +61,7 @@ from jobs.services.terminals import (
 
 __all__ = [
     "ContainerExit", "JobStateError", "NodeInfo", "SubmitError",
-    "PullCounts", "pull_finish", "pull_progress", "pull_start", "pulls_shown",
+    "PullCounts", "pull_finish", "pull_progress", "pull_start", "pull_wait", "pulls_shown",
     "attempt_claim_launch", "attempt_keep_for_debug", "attempt_mark_running", "attempt_record_exit",
     "attempt_set_ssh_available", "attempts_note_activity",
     "attempt_unclaim", "job_delete", "job_stop", "never_fits_reason", "node_usage",

@@ -48,11 +48,26 @@ def pull_progress(*, attempt_id: int, counts: PullCounts) -> bool:
         **counts.fields(), updated_at=timezone.now()) == 1
 
 
+def pull_wait(*, attempt_id: int, image: str, error: str) -> None:
+    """The attempt's registry could not be reached (`error`): its launch
+    waits to ask again. Shown as a pull would be, whether or not the node
+    has the image (finding 35)."""
+    node_id = TaskAttempt.objects.filter(pk=attempt_id).values_list("node_id", flat=True).first()
+    now = timezone.now()
+    pull, made = ImagePull.objects.get_or_create(attempt_id=attempt_id, defaults={
+        "node_id": node_id, "image": image, "state": ImagePull.State.WAITING, "started_at": now, "updated_at": now,
+        "error": error})
+    if not made:  # keeps the time it began waiting
+        ImagePull.objects.filter(pk=pull.pk).exclude(state=ImagePull.State.DONE).update(
+            state=ImagePull.State.WAITING, **PullCounts().fields(), error=error, updated_at=now, finished_at=None)
+
+
 def pull_finish(*, attempt_id: int, counts: PullCounts, error: str = "") -> bool:
     """The pull ended: pulled, or failed with `error` (the user's message)."""
     state = ImagePull.State.FAILED if error else ImagePull.State.DONE
     now = timezone.now()
-    return ImagePull.objects.filter(attempt_id=attempt_id, state=ImagePull.State.PULLING).update(
+    return ImagePull.objects.filter(attempt_id=attempt_id,
+                                    state__in=[ImagePull.State.PULLING, ImagePull.State.WAITING]).update(
         **counts.fields(), state=state, error=error, updated_at=now, finished_at=now) == 1
 
 

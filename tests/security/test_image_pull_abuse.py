@@ -25,7 +25,11 @@ Finding 33: a registry that trickles (a little now and then) keeps news
 coming, so the stall limit never trips, and made a pull (with its owner's
 pull slot and a launch thread) last as long as it liked. Now a pull still
 under way after IMAGE_PULL_MAX_SECONDS is given up. The trickle is the real
-registry stopped and continued in turn."""
+registry stopped and continued in turn.
+
+Finding 51: each pull of finding 31's share was still waited for on a launch
+thread, so two users' shares were all of them. Now a check or pull that
+lasts is waited for off the launch threads."""
 
 from __future__ import annotations
 

@@ -45,10 +45,10 @@ way after IMAGE_PULL_MAX_SECONDS (finding 33): a registry that trickles.
 
 A check or pull not over within ASIDE_AFTER_SECONDS goes on on a thread of
 its own, its launch set aside off the node's launch threads and handed back
-when it ends (finding 51): two users' pulls held all of them. A registry that
+when it ends (finding 47): two users' pulls held all of them. A registry that
 cannot be reached (refused, timed out, 5xx: RegistryUnreachable) is asked
 again with backoff for IMAGE_PULL_REGISTRY_WAIT_SECONDS, the launch set
-aside meanwhile and nothing started, then the task fails (finding 50); a
+aside meanwhile and nothing started, then the task fails (finding 46); a
 refusal fails at once.
 
 A pull's progress (PullRecord) goes to the database for the job page: at
@@ -246,10 +246,10 @@ class PullDeferred(LaunchSetAside):
 
 
 # How long a launch thread waits for its image's check or pull before the
-# launch is set aside until it ends (finding 51): the usual check (a few ms)
+# launch is set aside until it ends (finding 47): the usual check (a few ms)
 # or small pull is over by then, and costs no hand-back.
 ASIDE_AFTER_SECONDS = 2.0
-# Asking an unreachable registry again (finding 50): after 2 s, then twice
+# Asking an unreachable registry again (finding 46): after 2 s, then twice
 # as long each time, at most a minute apart.
 REGISTRY_RETRY_FIRST, REGISTRY_RETRY_MAX = 2.0, 60.0
 
@@ -502,7 +502,7 @@ class ImageGate:
                               stopped: Callable[[], bool] | None, can_wait: bool) -> None:
         """The registry could not be asked: wait and ask again (RegistryWait),
         or, past IMAGE_PULL_REGISTRY_WAIT_SECONDS, fail saying so. Nothing is
-        started meanwhile, even an image the node has (finding 50)."""
+        started meanwhile, even an image the node has (finding 46)."""
         image, limit = outcome.image, settings.IMAGE_PULL_REGISTRY_WAIT_SECONDS
         detail = outcome.error.message.removeprefix(f"could not pull image {image}: ")
         registry = registry_of(image)

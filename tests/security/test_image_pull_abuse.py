@@ -27,7 +27,7 @@ pull slot and a launch thread) last as long as it liked. Now a pull still
 under way after IMAGE_PULL_MAX_SECONDS is given up. The trickle is the real
 registry stopped and continued in turn.
 
-Finding 51: each pull of finding 31's share was still waited for on a launch
+Finding 47: each pull of finding 31's share was still waited for on a launch
 thread, so two users' shares were all of them. Now a check or pull that
 lasts is waited for off the launch threads."""
 
@@ -143,7 +143,7 @@ def test_one_users_pulls_hold_no_more_than_their_share_of_the_nodes_launches(
 
 
 def test_two_users_pulls_leave_the_nodes_launches_to_a_third(alice, bob, make_user, registry, big_image, cluster):
-    """Finding 51: each of two users had their IMAGE_PULLS_PER_USER (2)
+    """Finding 47: each of two users had their IMAGE_PULLS_PER_USER (2)
     pulls waited for on the node's launch threads: 2 + 2 were all
     LAUNCH_THREADS of them, and a third user's task stayed LAUNCHING for as
     long as the pulls lasted (here, with no stall limit, for ever)."""

@@ -1,4 +1,4 @@
-"""Finding 50: a registry that cannot be reached failed the jobs that asked it.
+"""Finding 46: a registry that cannot be reached failed the jobs that asked it.
 
 Since finding 34 the node asks the registry before it starts an image that
 no record says anyone may pull (the first launch after an upgrade, or after

@@ -214,7 +214,7 @@ def _recent_gpus(owner) -> VirtualCluster:
 def test_it_keeps_a_windows_figures_for_every_admin_a_while(make_user):
     first, second = make_user("dadmin", admin=True), make_user("dadmin", admin=True)
     for hours in dashboard.WINDOWS:
-        cache.delete(f"dashboard:figures:{hours}")
+        cache.delete(dashboard.cache_key(hours))
     before = _figures_on_page(_logged_in(first))
     vc = _recent_gpus(first)
     kept = _figures_on_page(_logged_in(second))
@@ -224,17 +224,17 @@ def test_it_keeps_a_windows_figures_for_every_admin_a_while(make_user):
     day = _figures_on_page(_logged_in(second), "24")
     assert _figures_on_page(_logged_in(first), "5000") == day
     with override_settings(DASHBOARD_CACHE_SECONDS=0):
-        cache.delete("dashboard:figures:6")
+        cache.delete(dashboard.cache_key(6))
         assert vc.name in _figures_on_page(_logged_in(second))["gpusByVc"]
         _recent_gpus(first)
-        assert cache.get("dashboard:figures:6") is None
+        assert cache.get(dashboard.cache_key(6)) is None
 
 
 @override_settings(DASHBOARD_CACHE_SECONDS=300)
 def test_kept_figures_are_still_for_admins_only(make_user, alice):
     admin = make_user("dadmin", admin=True)
     vc = _recent_gpus(admin)
-    cache.delete("dashboard:figures:24")
+    cache.delete(dashboard.cache_key(24))
     assert vc.name in _figures_on_page(_logged_in(admin), "24")["gpusByVc"]
     refused = _logged_in(alice).get("/dashboard/", {"hours": "24"})
     assert refused.status_code == 403 and vc.name not in refused.content.decode()

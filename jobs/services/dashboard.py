@@ -17,7 +17,9 @@ intervals that start and stop at the same buckets, per key; a running sum
 over count + 1 changes per key then gives each series, exactly as counting
 each interval did (`_count_intervals`, the reference the tests hold the
 queries to). The page keeps each window's answer DASHBOARD_CACHE_SECONDS
-(`dashboard_figures`), so that many admins opening it cost one computation.
+(`dashboard_figures`), so that many admins opening it cost one computation,
+also the moment it runs out: one computes, the others wait for it or are
+shown the answer before.
 
 GPUs in the cluster (and each virtual cluster's share of them, for its free
 GPUs) is today's count of ready nodes' GPUs: nodes keep no history, so a
@@ -27,6 +29,9 @@ Each figure is the value at the start of its bucket.
 
 from __future__ import annotations
 
+import math
+import time
+import uuid
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
@@ -287,18 +292,68 @@ def cluster_over_time(*, hours: int, vc_gpus: dict[str, int] | None = None,
     return _with_free(_figures(hours, now or timezone.now()), vc_gpus)
 
 
+# The page's cache of each window (`dashboard_figures`). An entry is fresh
+# DASHBOARD_CACHE_SECONDS and kept STALE_FACTOR times as long, to be shown
+# while one process computes its successor: when a fresh entry ends, the first
+# view takes the window's lock (cache.add) and computes; the others are shown
+# the entry before, or, with none, wait for the computer's. The lock lapses
+# after COMPUTE_LOCK_SECONDS, so a computer that died holding it delays the
+# others no longer than that.
+STALE_FACTOR = 5
+COMPUTE_LOCK_SECONDS = 30
+WAIT_POLL_SECONDS = 0.05
+
+
+def cache_key(hours: int) -> str:
+    return f"dashboard:window:{hours}"  # hours is one of WINDOWS (the view's choice)
+
+
+def _compute_and_keep(hours: int, lock: str, token: str) -> dict[str, Any]:
+    """Compute a window's figures holding its lock, keep them, free the lock."""
+    try:
+        figures = _figures(hours, timezone.now())
+        seconds = settings.DASHBOARD_CACHE_SECONDS
+        # A plain dict (pickled into the cache): a class of ours would tie
+        # entries to the code that kept them.
+        kept = {"computed": time.time(), "figures": figures}
+        cache.set(cache_key(hours), kept, timeout=max(1, math.ceil(seconds * STALE_FACTOR)))
+        return figures
+    finally:
+        # Not atomic: a lock that lapsed while we computed and was taken
+        # again may be freed early, costing at most one more computation.
+        if cache.get(lock) == token:
+            cache.delete(lock)
+
+
+def _kept_figures(hours: int) -> dict[str, Any]:
+    """The window's figures from the cache, computed by one caller at a time."""
+    key, lock = cache_key(hours), f"{cache_key(hours)}:computing"
+    seconds = settings.DASHBOARD_CACHE_SECONDS
+    deadline = time.monotonic() + COMPUTE_LOCK_SECONDS + 1
+    kept = cache.get(key)
+    while True:
+        if kept is not None and time.time() - kept["computed"] < seconds:
+            return kept["figures"]
+        token = uuid.uuid4().hex
+        if cache.add(lock, token, timeout=COMPUTE_LOCK_SECONDS):
+            return _compute_and_keep(hours, lock, token)
+        if kept is not None:
+            return kept["figures"]  # stale, while another computes its successor
+        if time.monotonic() > deadline:  # the cache lost the lock's expiry, say
+            return _figures(hours, timezone.now())
+        time.sleep(WAIT_POLL_SECONDS)
+        kept = cache.get(key)
+
+
 def dashboard_figures(*, hours: int, vc_gpus: dict[str, int] | None = None) -> dict[str, Any]:
     """cluster_over_time now, as the page shows it: each window's figures are
     kept DASHBOARD_CACHE_SECONDS in Django's cache, shared by every admin
     (they see the same cluster), so a room of them opening the page costs one
-    computation. The free GPUs follow today's shares at every view."""
-    key = f"dashboard:figures:{hours}"  # hours is one of WINDOWS (the view's choice)
-    figures = cache.get(key)
-    if figures is None:
-        figures = _figures(hours, timezone.now())
-        if settings.DASHBOARD_CACHE_SECONDS > 0:
-            cache.set(key, figures, timeout=settings.DASHBOARD_CACHE_SECONDS)
-    return _with_free(figures, vc_gpus)
+    computation, also when the figures run out (`_kept_figures`). The free
+    GPUs follow today's shares at every view."""
+    if settings.DASHBOARD_CACHE_SECONDS <= 0:
+        return _with_free(_figures(hours, timezone.now()), vc_gpus)
+    return _with_free(_kept_figures(hours), vc_gpus)
 
 
 def idle_gpu_tasks() -> list[IdleGpus]:

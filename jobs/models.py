@@ -515,6 +515,12 @@ class JobAttempt(models.Model):
                 fields=["subnet"], condition=~Q(subnet=""), name="job_attempt_subnet_unique"
             ),
         ]
+        indexes = [
+            # The dashboard's windows read the attempts that ended within
+            # them or are still open (finished_at IS NULL OR >= the start):
+            # without it, every attempt of months of history.
+            models.Index(fields=["finished_at"], name="job_attempt_finished_idx"),
+        ]
         ordering = ["number"]
 
     def __str__(self) -> str:
@@ -596,6 +602,8 @@ class TaskAttempt(models.Model):
             # One job attempt's tasks (the job page, status calls, usage):
             # a job may hold 1,000 tasks times 100 retries.
             models.Index(fields=["job", "number"], name="task_attempt_job_number_idx"),
+            # The dashboard's windows (GPUs held, tasks running), as job_attempt_finished_idx.
+            models.Index(fields=["finished_at"], name="task_attempt_finished_idx"),
         ]
         ordering = ["id"]
 

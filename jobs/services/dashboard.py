@@ -244,7 +244,11 @@ def _samples(buckets: Buckets, end: datetime, now: datetime) -> tuple[list[float
     for averaged in (False, True):  # one query each, along the (averaged, at) index
         # Summed per minute (since 1970), as they were read before the
         # database counted the buckets: the same sums, added in the same order.
-        rows = (TaskUsage.objects.filter(averaged=averaged, at__gte=buckets.start, at__lt=end)
+        # averaged=Value(...): Django writes `averaged=False` as NOT "averaged",
+        # which SQLite can take along the index only with ANALYZE's figures
+        # (a skip-scan), and the portal never runs ANALYZE: it read every
+        # sample of USAGE_MINUTES_DAYS. "averaged" = false is a plain prefix.
+        rows = (TaskUsage.objects.filter(averaged=Value(averaged), at__gte=buckets.start, at__lt=end)
                 .annotate(minute=EpochSeconds(F("at"), up=False) / _whole(60)).values_list("minute")
                 .annotate(cpu=Sum("cpu_percent"), mem=Sum("memory_bytes")).order_by("minute"))
         seconds = 60.0 if averaged else settings.USAGE_SAMPLE_SECONDS

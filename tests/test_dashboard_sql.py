@@ -182,6 +182,30 @@ def test_every_window_in_any_time_zone_gives_the_figures_of_before(edges, hours,
     assert list(figures["gpusByVc"]) == list(expected["gpusByVc"])
 
 
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Kathmandu"])
+def test_samples_at_each_windows_edges_are_summed_as_before(make_user, zone):
+    # The minutes are grouped by their text on SQLite (MinuteOf): each sample
+    # must land in the same minute, bucket and window as counted before.
+    now = NOW.astimezone(ZoneInfo(zone))
+    vc = _vc()
+    attempt = _interval(make_user("dsql"), vc, NOW - timedelta(days=9), None)
+    try:
+        for hours in dashboard.WINDOWS:
+            buckets = dashboard.buckets_for(hours, now)
+            end = buckets.start + buckets.count * buckets.step
+            middle = buckets.start + buckets.count // 2 * buckets.step
+            edges = [buckets.start - MICRO, buckets.start, buckets.start + timedelta(seconds=59, microseconds=999999),
+                     buckets.start + timedelta(minutes=1), middle - MICRO, middle, end - MICRO, end]
+            TaskUsage.objects.bulk_create([
+                TaskUsage(attempt=attempt, at=at, averaged=averaged, cpu_percent=12.34 + n,
+                          memory_bytes=2**27 * (n + 1)) for n, at in enumerate(edges) for averaged in (False, True)])
+        for hours in dashboard.WINDOWS:
+            assert dashboard.cluster_over_time(hours=hours, now=now) == reference(hours, now), hours
+    finally:
+        Job.objects.filter(virtual_cluster=vc).delete()
+        vc.delete()
+
+
 def test_it_refuses_buckets_of_part_seconds():
     buckets = dashboard.Buckets(start=NOW, step=timedelta(minutes=5), count=3)
     with pytest.raises(ValueError):

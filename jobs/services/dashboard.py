@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.core.cache import cache
 from django.db import NotSupportedError
-from django.db.models import (BigIntegerField, Count, DateTimeField, F, Func, IntegerField, Min, Q, QuerySet, Sum,
-                              Value)
+from django.db.models import (BigIntegerField, Count, DateTimeField, F, Field, Func, IntegerField, Min, Q, QuerySet,
+                              Sum, Value)
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
@@ -140,6 +140,34 @@ class EpochSeconds(Func):
 
     def as_sql(self, compiler, connection, **extra):
         raise NotSupportedError(f"EpochSeconds is written for SQLite and PostgreSQL, not {connection.vendor}")
+
+
+class MinuteOf(Func):
+    """The minute a timestamp falls in, to sum usage samples by: on SQLite
+    the text 'YYYY-MM-DD HH:MM' (Django stores UTC as text; cutting it costs
+    a fraction of strftime(), which took half the read of a week's million
+    samples), on PostgreSQL whole minutes since 1970. `_minute_start` reads
+    either."""
+
+    output_field = Field()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        at, params = compiler.compile(self.source_expressions[0])
+        return f"substr({at}, 1, 16)", params
+
+    def as_postgresql(self, compiler, connection, **extra):
+        at, params = compiler.compile(self.source_expressions[0])
+        return f"(CAST(FLOOR(EXTRACT(EPOCH FROM {at})) AS BIGINT) / 60)", params
+
+    def as_sql(self, compiler, connection, **extra):
+        raise NotSupportedError(f"MinuteOf is written for SQLite and PostgreSQL, not {connection.vendor}")
+
+
+def _minute_start(minute: str | int) -> int:
+    """A MinuteOf value as epoch seconds."""
+    if isinstance(minute, str):
+        return int(datetime.fromisoformat(minute).replace(tzinfo=dt_timezone.utc).timestamp())
+    return minute * 60
 
 
 class GpuCount(Func):
@@ -249,11 +277,11 @@ def _samples(buckets: Buckets, end: datetime, now: datetime) -> tuple[list[float
         # (a skip-scan), and the portal never runs ANALYZE: it read every
         # sample of USAGE_MINUTES_DAYS. "averaged" = false is a plain prefix.
         rows = (TaskUsage.objects.filter(averaged=Value(averaged), at__gte=buckets.start, at__lt=end)
-                .annotate(minute=EpochSeconds(F("at"), up=False) / _whole(60)).values_list("minute")
+                .annotate(minute=MinuteOf("at")).values_list("minute")
                 .annotate(cpu=Sum("cpu_percent"), mem=Sum("memory_bytes")).order_by("minute"))
         seconds = 60.0 if averaged else settings.USAGE_SAMPLE_SECONDS
         for minute, cpu, mem in rows:
-            i = min(buckets.count - 1, int((minute * 60 - start) / step))
+            i = min(buckets.count - 1, int((_minute_start(minute) - start) / step))
             cores[i] += (cpu or 0.0) / 100.0 * seconds / spans[i]
             memory[i] += (mem or 0) / 2**30 * seconds / spans[i]
     return [round(c, 2) for c in cores], [round(m, 3) for m in memory]

@@ -8,7 +8,7 @@ Fills a scratch database of its own (never the portal's or the tests'):
 SQLite in var/bench/dashboard/, or with `--database postgres` a PostgreSQL
 15 server of its own (tests/postgres_server.py; data in
 var/bench/dashboard_postgres/, started and stopped by PID, filled with COPY)
-with eight days of jobs across 200 users and 4 virtual clusters: each job
+with eight days (`--days`) of jobs across 200 users and 4 virtual clusters: each job
 waits a few minutes (some for hours), runs from seconds to days with 1 to
 16 tasks of 0 to 8 GPUs, and the last ones still wait or run. A share of
 the task attempts (`--usage-share`) carries usage samples as the portal
@@ -50,7 +50,7 @@ PG_VAR = ROOT / "var" / "bench" / "dashboard_postgres"
 PG_DATABASE = "bench_dashboard"
 RESULT_NAMES = {"sqlite": "dashboard_p95_ms", "postgres": "dashboard_postgres_p95_ms"}
 VCS = {"default": 0.0, "vision": 30.0, "nlp": 30.0, "research": 10.0}
-DAYS = 8  # a week in the widest window and a day before it
+DAYS = 8  # a week in the widest window and a day before it (--days: more history)
 NODES, GPUS_PER_NODE = 250, 8
 TASKS = [1, 1, 1, 2, 4, 8, 16]
 GPUS = [0, 1, 1, 2, 4, 8]
@@ -96,11 +96,12 @@ def _insert(model, rows: Iterable[dict]) -> int:
     return count + len(batch)
 
 
-def _week(jobs_per_day: int, users: list[int], vcs: list[int], now: datetime, rng: random.Random) -> Iterator[dict]:
+def _week(jobs_per_day: int, days: int, users: list[int], vcs: list[int], now: datetime, rng: random.Random
+          ) -> Iterator[dict]:
     """Each job's times and shape, oldest first."""
-    count = jobs_per_day * DAYS
+    count = jobs_per_day * days
     for i in range(count):
-        created = now - timedelta(seconds=DAYS * 86400 * (count - i) / count + rng.random())
+        created = now - timedelta(seconds=days * 86400 * (count - i) / count + rng.random())
         wait = rng.expovariate(1 / 7200 if rng.random() < 0.1 else 1 / 300)
         started = created + timedelta(seconds=wait)
         finished = started + timedelta(seconds=min(3 * 86400, rng.lognormvariate(7.1, 1.5)))  # median ~20 min
@@ -110,7 +111,7 @@ def _week(jobs_per_day: int, users: list[int], vcs: list[int], now: datetime, rn
                    tasks=rng.choice(TASKS), gpus=rng.choice(GPUS))
 
 
-def fill(jobs_per_day: int, usage_share: float, now: datetime) -> dict[str, int]:
+def fill(jobs_per_day: int, days: int, usage_share: float, now: datetime) -> dict[str, int]:
     from django.core.management import call_command
     from django.db import connection
 
@@ -125,7 +126,7 @@ def fill(jobs_per_day: int, usage_share: float, now: datetime) -> dict[str, int]
                                    gpus=list(range(GPUS_PER_NODE)), cpus=64, memory_mb=512_000) for i in range(NODES)])
     users = list(User.objects.filter(username__startswith="user").values_list("pk", flat=True))
     vcs = list(VirtualCluster.objects.values_list("pk", flat=True))
-    jobs = list(_week(jobs_per_day, users, vcs, now, random.Random(7)))
+    jobs = list(_week(jobs_per_day, days, users, vcs, now, random.Random(7)))
     counts = {"jobs": _insert(Job, ({
         "id": j["id"], "owner_id": j["owner"], "name": f"job_{j['id']}", "virtual_cluster_id": j["vc"],
         "state": "SUCCEEDED" if j["finished"] else "RUNNING" if j["started"] else "WAITING", "config_raw": "{}",
@@ -223,12 +224,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database", choices=sorted(RESULT_NAMES), default="sqlite")
     parser.add_argument("--jobs-per-day", type=int, default=20_000)
+    parser.add_argument("--days", type=int, default=DAYS,
+                        help="days of history (a window's read should not grow with it)")
     parser.add_argument("--usage-share", type=float, default=0.1, help="share of task attempts with usage samples")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--reuse", action="store_true", help="keep the database of an earlier run of the same size")
     args = parser.parse_args()
     folder = VAR if args.database == "sqlite" else PG_VAR
     scale = {"jobs_per_day": args.jobs_per_day, "usage_share": args.usage_share}
+    if args.days != DAYS:
+        scale["days"] = args.days  # databases filled before --days keep their scale
     saved = folder / "anchor.json"
     reuse = args.reuse and saved.exists() and json.loads(saved.read_text()).get("scale") == scale
     if not reuse and args.database == "sqlite":
@@ -253,11 +258,11 @@ def main() -> None:
             print(f"reused the data filled for {now:%Y-%m-%d %H:%M:%S} UTC")
         else:
             started = time.perf_counter()
-            counts = fill(args.jobs_per_day, args.usage_share, now)
+            counts = fill(args.jobs_per_day, args.days, args.usage_share, now)
             saved.write_text(json.dumps({"now": now.isoformat(), "scale": scale}))
             print(f"filled in {time.perf_counter() - started:.1f} s: "
                   + ", ".join(f"{n:,} {what}" for what, n in counts.items()))
-        print(f"{args.jobs_per_day:,} jobs a day for {DAYS} days, {args.usage_share:g} of task attempts sampled; "
+        print(f"{args.jobs_per_day:,} jobs a day for {args.days} days, {args.usage_share:g} of task attempts sampled; "
               f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         widest, digests = measure(now, args.repeat)
         print("digests:", " ".join(digests))

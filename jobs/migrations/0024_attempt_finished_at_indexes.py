@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0022_task_attempt_job_number_index'),
+        ('jobs', '0023_image_pull_waiting'),
     ]
 
     operations = [

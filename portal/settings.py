@@ -370,7 +370,7 @@ IMAGE_PULL_MAX_MB = env_int("IMAGE_PULL_MAX_MB", 50_000, minimum=0)
 # news for ever); 0: no limit.
 IMAGE_PULL_MAX_SECONDS = env_int("IMAGE_PULL_MAX_SECONDS", 7200, minimum=0)
 # Image pulls one user may have under way on one node at once; their other
-# launches there wait, off the node's 4 launch threads (jobs/node/images.py
+# launches there wait, off the node's 4 launch threads (jobs/node/images/
 # PullSlots), so that others' launches go on. 0: no limit.
 IMAGE_PULLS_PER_USER = env_int("IMAGE_PULLS_PER_USER", 2, minimum=0)
 # How long a launch waits for a registry it cannot reach (refused connection,

@@ -1,4 +1,4 @@
-"""Image pulls on the job page (jobs/services/pulls.py, jobs/node/images.py):
+"""Image pulls on the job page (jobs/services/pulls.py, jobs/node/images/):
 while a node pulls a task's image, the page shows which image, layers done of
 total, bytes downloaded and the time so far, updated live; a failed pull
 keeps its message.

@@ -1,6 +1,6 @@
 """Image pulls: how far a task's image has come onto its node.
 
-The node agent writes (jobs/node/images.py, from the engine's pull events,
+The node agent writes (jobs/node/images/, from the engine's pull events,
 at most about twice a second); the job page reads. A pull row belongs to one
 task attempt, so it is seen by whoever may see that attempt's job, and no one
 else: two jobs waiting on one image on one node each get their own row.

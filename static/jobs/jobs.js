@@ -129,7 +129,7 @@
       }, pollDelay(ended ? 3000 : pulling() ? 500 : 2000));
     }
     // An image pull under way changes by the second: follow it as often as
-    // the node writes it (jobs/node/images.py, PROGRESS_INTERVAL).
+    // the node writes it (jobs/node/images/, PROGRESS_INTERVAL).
     function pulling() {
       return !!document.querySelector('[data-pull-state="PULLING"]');
     }

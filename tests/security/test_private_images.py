@@ -6,7 +6,7 @@ Against a real private registry (Debian's docker-registry with htpasswd
 authentication, on loopback, stopped by PID): a job may use an image whose
 repository needed credentials only if its own credentials can pull it; the
 node asks the registry (a manifest inspect) even though it has the image
-(jobs/node/images.py). Naming the image by its local ID, which Docker
+(jobs/node/images/). Naming the image by its local ID, which Docker
 accepts, is refused too."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_it_keeps_public_images_free_of_registry_round_trips(alice, registry_nod
 
 
 def test_it_pulls_again_an_image_removed_after_the_node_saw_it(alice, registry, private_image, registry_node):
-    # The node remembers that it has an image (jobs/node/images.py) and does
+    # The node remembers that it has an image (jobs/node/images/) and does
     # not look again at each launch; removed behind its back, the image is
     # found missing when the container is created, and pulled again.
     api = docker.from_env().api

@@ -1,176 +1,30 @@
-"""A task's image on a node: where the engine may be sent for it, and who
-may start an image the node already has.
-
-Registry addresses (finding 15, node side): before the engine is sent to a
-registry (a pull, or a check below), the registry's host name is resolved
-here and the launch refused if it points at the node itself, a link-local
-address (cloud metadata) or, unless REGISTRY_ALLOWED opens it, a private
-address. Submission checked the name as written (jobs/services/admission.py);
-only the node can check what it resolves to. Docker resolves the name again
-when it connects: a name that changes its answer in between is not caught.
-Docker Hub is not resolved: it is Docker's fixed default.
-
-Private images (finding 6): an image pulled with one job's credentials stays
-on the node, where the engine would start it for anyone. A job may use an
-image that needs credentials only if its own credentials can pull it (as with
-Kubernetes' AlwaysPullImages), without that cost for public images:
-
-- a job with an authFile whose image is on the node: its registry is asked
-  at each launch, with those credentials (a manifest inspect, no download);
-- a job without one, whose image's repository was pulled with credentials
-  on this engine and is refused without them: asked without credentials at
-  each launch, which refuses it;
-- a job without one, whose image came from a registry (the engine has a
-  digest of it) that is not known to let anyone pull it: asked without
-  credentials, and the answer kept (finding 34: the records below can be
-  lost while the engine keeps its images, and an image may have been pulled
-  by an older version or another host's agent);
-- anything else (public images asked about once, the local pai-local/...
-  images, which have no registry): started as it is, with no round trip.
-
-Before every pull the registry is asked the same way, so that a refusal
-reads the same whether or not the node has the image (finding 35): the node
-having it says that another user's job pulled it.
-
-Which repositories needed credentials, and which did not, is kept per portal
-instance and engine in two files (RepositoryRecord), which the agents of the
-engine's host share.
-
-A pull that gets no news from the engine for IMAGE_PULL_STALL_SECONDS is
-given up (finding 30): a registry that stops sending mid-download would
-otherwise hold the pull, and the launch thread waiting for it, for good. So
-is one whose new layers pass IMAGE_PULL_MAX_MB (finding 32): an enormous
-image filled the disk the node's other tasks write to; and one still under
-way after IMAGE_PULL_MAX_SECONDS (finding 33): a registry that trickles.
-
-A check or pull not over within ASIDE_AFTER_SECONDS goes on on a thread of
-its own, its launch set aside off the node's launch threads and handed back
-when it ends (finding 47): two users' pulls held all of them. A registry that
-cannot be reached (refused, timed out, 5xx: RegistryUnreachable) is asked
-again with backoff for IMAGE_PULL_REGISTRY_WAIT_SECONDS, the launch set
-aside meanwhile and nothing started, then the task fails (finding 46); a
-refusal fails at once.
-
-A pull's progress (PullRecord) goes to the database for the job page: at
-its start, then at most every PROGRESS_INTERVAL seconds (a pull sends
-several events per layer per second), and at its end with any error.
-"""
+"""Making sure of a task's image before its launch, by the rules in the
+package's notes: ImageGate, and how a launch waits for a check or pull off
+the node's launch threads."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import NoReturn
 from dataclasses import dataclass
-from pathlib import Path
+from typing import NoReturn
 
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from jobs.images import DOCKER_HUB, reference_key, registry_host, registry_of, registry_refusal
-from jobs.models import ExitType
 from jobs import services
-from jobs.node.launcher import Engine, LaunchError, LaunchStopped, PullProgress, RegistryAuth, RegistryUnreachable
+from jobs.images import registry_of
+from jobs.models import ExitType
+from jobs.node.images.records import PullRecord, RepositoryRecord
+from jobs.node.images.registries import node_registry_refusal
+from jobs.node.images.slots import PullSlots
+from jobs.node.launcher import Engine, LaunchError, LaunchStopped, RegistryAuth, RegistryUnreachable
 
 log = logging.getLogger(__name__)
-
-Resolve = Callable[[str], list[str]]
-
-
-def resolve_host(host: str) -> list[str]:
-    return sorted({info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
-
-
-def node_registry_refusal(image: str, *, allowed: Iterable[str], resolve: Resolve = resolve_host) -> str | None:
-    """Why the engine must not be sent to the registry of `image`, or None."""
-    registry = registry_of(image)
-    if registry == DOCKER_HUB:
-        return None
-    host = registry_host(registry)
-    if _is_address(host):
-        return registry_refusal(registry, allowed=allowed)
-    try:
-        addresses = resolve(host)
-    except OSError as exc:
-        return f'the registry host "{host}" could not be resolved ({exc})'
-    return registry_refusal(registry, resolved=addresses, allowed=allowed)
-
-
-def _is_address(host: str) -> bool:
-    try:
-        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
-    except OSError:
-        return False
-    return True
-
-
-class RepositoryRecord:
-    """Repositories of one kind, one per line: those pulled with credentials
-    that their registry refuses without ("private-images"), or those it
-    lets anyone pull ("public-images"). Agents append whole short lines
-    (atomic with O_APPEND), so two agents of one host can share the file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def for_engine(cls, engine_id: str, kind: str = "private-images") -> RepositoryRecord:
-        engine = re.sub(r"[^A-Za-z0-9]+", "-", engine_id) or "engine"
-        return cls(settings.VAR_DIR / kind / f"{settings.PAI_INSTANCE}.{engine}")
-
-    def __contains__(self, image: str) -> bool:
-        try:
-            known = self.path.read_text().splitlines()
-        except FileNotFoundError:
-            return False
-        return reference_key(image)[0] in known
-
-    def add(self, image: str) -> None:
-        if image in self:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as record:
-            record.write(reference_key(image)[0] + "\n")
-
-
-PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one pull
-
-
-class PullRecord:
-    """One attempt's pull as the job page sees it (jobs/services/pulls.py)."""
-
-    def __init__(self, attempt_id: int, image: str, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.attempt_id = attempt_id
-        self.image = image
-        self.clock = clock
-        self.latest = PullProgress()
-        self._written_at: float | None = None
-
-    def start(self) -> None:
-        services.pull_start(attempt_id=self.attempt_id, image=self.image)
-        self._written_at = self.clock()
-
-    def progress(self, progress: PullProgress) -> None:
-        self.latest = progress
-        now = self.clock()
-        if self._written_at is None or now - self._written_at >= PROGRESS_INTERVAL:
-            services.pull_progress(attempt_id=self.attempt_id, counts=_counts(progress))
-            self._written_at = now
-
-    def finish(self, error: str = "") -> None:
-        services.pull_finish(attempt_id=self.attempt_id, counts=_counts(self.latest), error=error)
-
-
-def _counts(progress: PullProgress) -> services.PullCounts:
-    return services.PullCounts(layers_done=progress.layers_done, layers_total=progress.layers_total,
-                               bytes_done=progress.bytes_done, bytes_total=progress.bytes_total,
-                               sizes_pending=progress.sizes_pending)
-
 
 # A name Docker would also take as the prefix of an image's ID (hex digits
 # only) when no image is tagged so: never taken as present on memory alone.
@@ -270,54 +124,6 @@ class _Aside:
         self.done = threading.Event()
         self.set_aside = False  # the launch stopped waiting: hand it back at the end
         self.outcome: _Outcome | None = None
-
-
-class PullSlots:
-    """At most `per_owner` pulls of one user under way on a node at once
-    (finding 31). A launch waits for its pull on one of the node's few
-    launch threads (runner.LAUNCH_THREADS): without a share, one user's job
-    of that many tasks on a slow or trickling registry held every launch of
-    the node, every other user's included. A launch over the share is set
-    aside, not blocked, and handed back when a pull of its owner ends."""
-
-    def __init__(self, per_owner: int) -> None:
-        self.per_owner = per_owner
-        self._lock = threading.Lock()
-        self._held: dict[int, int] = {}
-        self._waiting: dict[int, list[int]] = {}  # owner -> attempts set aside, oldest first
-
-    def take_or_wait(self, owner: int, attempt_id: int) -> bool:
-        """A slot for this pull (True), or the attempt set aside (False);
-        in one step, so that a pull ending meanwhile cannot miss it."""
-        with self._lock:
-            if self.per_owner <= 0 or self._held.get(owner, 0) < self.per_owner:
-                self._held[owner] = self._held.get(owner, 0) + 1
-                return True
-            self._waiting.setdefault(owner, []).append(attempt_id)
-            return False
-
-    def release(self, owner: int) -> int | None:
-        """A pull of `owner` ended: the attempt of theirs to launch again, if any."""
-        with self._lock:
-            self._held[owner] = max(0, self._held.get(owner, 0) - 1)
-            waiting = self._waiting.get(owner)
-            if not waiting:
-                return None
-            attempt_id = waiting.pop(0)
-            if not waiting:
-                del self._waiting[owner]
-            return attempt_id
-
-    def withdraw(self, attempt_id: int) -> bool:
-        """Take a set-aside attempt back (its task was stopped); False if it is not waiting."""
-        with self._lock:
-            for owner, waiting in self._waiting.items():
-                if attempt_id in waiting:
-                    waiting.remove(attempt_id)
-                    if not waiting:
-                        del self._waiting[owner]
-                    return True
-        return False
 
 
 class ImageGate:

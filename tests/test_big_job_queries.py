@@ -150,7 +150,7 @@ def test_jupyter_tasks_tokens_and_terminals_are_read_once_for_all_tasks(alice, n
     current = TaskAttempt.objects.filter(job=jobs[1], number=jobs[1].attempt_number)
     assert html.count('class="button jupyter-link"') == 200
     for attempt in current:
-        assert f"%3Ftoken%3D{'cd' * 8}{attempt.pk:08x}\"" in html
+        assert f"%3Ftoken%3D{'cd' * 8}{attempt.pk:08x}&amp;landing=" in html
 
 
 # ------------------------------------------------- the task tables' pages

@@ -61,8 +61,10 @@ def pushed(repository: str, auth: dict[str, str] | None = None) -> str:
     return f"{repository}:latest"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _images_removed(open_registry, private_registry) -> Iterator[None]:
+@pytest.fixture(scope="module")
+def _images_removed(docker_engine, open_registry, private_registry) -> Iterator[None]:
+    """The images the tests push, removed after them (only with Docker:
+    the first test needs none)."""
     yield
     api = docker.from_env().api
     for registry in (open_registry, private_registry):
@@ -75,7 +77,7 @@ def _images_removed(open_registry, private_registry) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def outage_node(cluster, open_registry, private_registry) -> Iterator[str]:
+def outage_node(cluster, _images_removed, open_registry, private_registry) -> Iterator[str]:
     with registry_agent(cluster, open_registry, NODE, gpus=4, gpu_type=GPU_TYPE, env={
             "REGISTRY_ALLOWED": f"{open_registry},{private_registry}",
             "IMAGE_PULL_REGISTRY_WAIT_SECONDS": str(WAIT_SECONDS)}) as name:

@@ -33,6 +33,7 @@ urlpatterns = [
     route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/log", tasks.task_log, "task_log"),
     route(JOB + r"/tasks/(?P<role>[^/]+)/(?P<index>[^/]+)/metrics", usage.task_metrics, "task_metrics"),
     route(JOB + "/metrics", usage.job_metrics, "job_metrics"),
+    route(JOB + "/metrics/summary", usage.job_metrics_summary, "job_metrics_summary"),
     route("virtual-clusters", clusters.virtual_clusters, "virtual_clusters"),
     route(r"virtual-clusters/(?P<vc>[^/]+)", clusters.virtual_cluster, "virtual_cluster"),
     route("cluster/sku-types", clusters.sku_types, "cluster_sku_types"),

@@ -4,10 +4,13 @@ the same 404 as for a job that does not exist, anonymous callers a 401.
 
 - v1: `user/{user}/jobs/{name}/tasks/{role}/{index}/metrics` -> one task's samples;
 - v2: `jobs/{user}~{name}/metrics` -> every task of the job's current attempt
-  (what the job page's graphs draw).
+  (what the job page's graphs of a small job draw);
+- v2: `jobs/{user}~{name}/metrics/summary` -> the attempt's tasks added up
+  per time bucket over a `window` of seconds (jobs/services/usage_series.py;
+  what the job page's job-wide graphs of a big job draw).
 
-Both take `since` (ISO-8601): only samples after it, so a client that polls
-passes the time of the last sample it has.
+All take `since` (ISO-8601): only samples (buckets) after it, so a client
+that polls passes the time of the last one it has.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from jobs.api.http import handler, ok, optional_int_param, resource
 from jobs.api.views.jobs import find_job
 from jobs.api.views.tasks import _asked_attempt, _task
 from jobs.models import TaskAttempt, TaskUsage
-from jobs.services import usage
+from jobs.services import usage, usage_series
 
 
 def _since(request: HttpRequest) -> datetime | None:
@@ -82,5 +85,37 @@ def _job_metrics(request: HttpRequest, username: str, name: str) -> HttpResponse
                "tasks": [_task_json(attempt, samples[attempt.pk], idle) for attempt in attempts]})
 
 
+def _time_json(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _spread_json(spread: usage_series.Spread | None) -> dict[str, float] | None:
+    if spread is None:
+        return None
+    return {"mean": round(spread.mean, 2), "min": round(spread.least, 2), "max": round(spread.most, 2)}
+
+
+def _bucket_json(bucket: usage_series.Bucket) -> dict[str, Any]:
+    return {"time": _time_json(bucket.start), "tasks": bucket.tasks, "cpuCores": round(bucket.cpu_cores, 3),
+            "cpuPercent": _spread_json(bucket.cpu_percent), "memoryBytes": bucket.memory_bytes,
+            "gpus": bucket.gpus, "gpuPercent": _spread_json(bucket.gpu_percent)}
+
+
+@handler(Access.USER)
+def _job_metrics_summary(request: HttpRequest, username: str, name: str) -> HttpResponse:
+    job = find_job(request, username, name)
+    since = _since(request)
+    window = optional_int_param(request.GET, "window", minimum=usage_series.MIN_WINDOW,
+                                maximum=usage_series.max_window_seconds()) or usage_series.DEFAULT_WINDOW
+    number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6) or job.attempt_number
+    series = usage_series.job_series(job_id=job.pk, number=number, window_seconds=window, since=since)
+    return ok({"job": f"{job.owner.username}~{job.name}", "state": job.state, "attempt": number,
+               "taskCount": TaskAttempt.objects.filter(job=job, number=number).count(),
+               "sampleSeconds": usage.sample_seconds(), "window": window, "bucketSeconds": series.width,
+               "from": _time_json(series.start), "until": _time_json(series.end),
+               "buckets": [_bucket_json(bucket) for bucket in series.buckets]})
+
+
 task_metrics = resource(GET=_task_metrics)
 job_metrics = resource(GET=_job_metrics)
+job_metrics_summary = resource(GET=_job_metrics_summary)

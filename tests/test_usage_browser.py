@@ -18,8 +18,8 @@ from playwright.sync_api import expect
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import Node, State, TaskAttempt, TaskUsage
-from jobs.services import usage
+from jobs.models import Job, Node, State, TaskAttempt, TaskUsage
+from jobs.services import usage, usage_series
 from tests.browser import SCREENSHOTS, login, page_alone, screenshot
 from tests.cluster import wait_for
 from tests.helpers import config, role, running_attempt, submit, wait_state
@@ -184,32 +184,50 @@ def job_page(browser, portal, user, job, *, width: int = 1280):
     return page
 
 
+def bucket_edges(count: int, width: int = 10) -> list[float]:
+    """Starts (epoch seconds) of the newest `count` buckets the summary
+    gives whole now (jobs/services/usage_series.py), oldest first."""
+    settled = timezone.now().timestamp() - usage_series.settle_seconds()
+    newest = (settled // width - 1) * width
+    return [newest - width * (count - 1 - k) for k in range(count)]
+
+
+def summary_of(page, job) -> dict:
+    return page.evaluate("u => fetch(u).then(r => r.json())",
+                         f"/api/v2/jobs/{job.owner.username}~{job.name}/metrics/summary")
+
+
 def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal_in_process, alice, rows_node):
-    """12 tasks on real GPUs (two each), three rounds: task i uses 10(i+1)+k
-    % CPU in round k, i+1 GiB, GPUs at i and 2i %. Their samples come a
-    little apart, as nodes' clocks are; main-5's second sample is missing
-    and its first one stands for it."""
+    """12 tasks on real GPUs (two each), three 10 s buckets: task i uses
+    10(i+1)+k % CPU in bucket k, i+1 GiB, GPUs at i and 2i %. Their samples
+    come a little apart, as nodes' clocks are; main-5 has none in the
+    second bucket, which counts 11 tasks. The server adds them up; the page
+    draws what it sent."""
     Node.objects.filter(pk=rows_node.pk).update(gpus_simulated=False)
     job = big_job(alice, rows_node, tasks=12, attempts=1, samples=0)
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))  # an hour's window
     attempts = list(TaskAttempt.objects.filter(job=job).order_by("task__index"))
-    times = rounds_at(3)
+    TaskAttempt.objects.filter(job=job).update(gpus=[0, 1])
+    edges = bucket_edges(3)
     known: dict[int, dict[int, tuple[float, float, list[float]]]] = {k: {} for k in range(3)}
     rows = []
     for i, attempt in enumerate(attempts):
-        for k, at in enumerate(times):
+        for k, at in enumerate(edges):
             if (i, k) == (5, 1):
                 continue
             figures = (10.0 * (i + 1) + k, float(i + 1), [float(i), 2.0 * i])
             known[k][i] = figures
-            rows.append(sample(attempt.pk, at + 0.1 * i, cpu=figures[0], memory_gib=figures[1], gpu=figures[2]))
-    known[1][5] = known[0][5]  # held
+            rows.append(sample(attempt.pk, at + 1 + 0.1 * i, cpu=figures[0], memory_gib=figures[1], gpu=figures[2]))
     TaskUsage.objects.bulk_create(rows)
     page = job_page(browser, portal_in_process, alice, job)
+    expect(page.locator("#usage-charts[data-summary-loaded='true']")).to_have_count(1)
 
     figure = "#usage-charts [data-usage='job']"
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(4)  # cores, CPU per task, memory, GPU
     expect(page.locator("#usage-charts [data-task]")).to_have_count(0)
     expect(page.locator(f"{figure} figcaption")).to_contain_text("All 12 tasks")
+    times = page.evaluate("s => document.querySelector(s).usagePlot.data[0]", f"{figure} [data-chart='cores']")
+    assert times == edges
     cores, = plot_data(page, f"{figure} [data-chart='cores']")
     mean, least, most = plot_data(page, f"{figure} [data-chart='cpu']")
     memory, = plot_data(page, f"{figure} [data-chart='memory']")
@@ -217,30 +235,43 @@ def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal
     for k in range(3):
         cpus = [f[0] for f in known[k].values()]
         gpus = [u for f in known[k].values() for u in f[2]]
-        assert cores[k] == pytest.approx(sum(cpus) / 100)
+        assert cores[k] == pytest.approx(sum(cpus) / 100, abs=0.001)
         assert memory[k] == pytest.approx(sum(f[1] for f in known[k].values()))
-        assert (mean[k], least[k], most[k]) == (pytest.approx(sum(cpus) / 12), min(cpus), max(cpus))
-        assert (gpu_mean[k], gpu_least[k], gpu_most[k]) == (pytest.approx(sum(gpus) / 24), 0.0, 22.0)
-    assert cores[1] == pytest.approx((sum(10.0 * (i + 1) + 1 for i in range(12)) - 1) / 100)
+        assert (mean[k], least[k], most[k]) == (pytest.approx(sum(cpus) / len(cpus), abs=0.01), min(cpus), max(cpus))
+        assert (gpu_mean[k], gpu_least[k], gpu_most[k]) == (pytest.approx(sum(gpus) / len(gpus), abs=0.01), 0.0, 22.0)
+    assert cores[1] == pytest.approx((sum(10.0 * (i + 1) + 1 for i in range(12)) - 61) / 100, abs=0.001)
+    # Drawn as the API sent it.
+    sent = summary_of(page, job)["buckets"]
+    assert cores == [b["cpuCores"] for b in sent] and least == [b["cpuPercent"]["min"] for b in sent]
 
-    # Live: a new round, with one task's sample not in yet, extends the
-    # graphs (that task's last sample stands for it) without a reload.
-    later = times[-1] + page_period()
-    TaskUsage.objects.bulk_create([sample(a.pk, later + 0.1 * i, cpu=100.0, memory_gib=1.0)
+    # Live: the next bucket, with one task's sample not in, is drawn once
+    # whole, without a reload.
+    later = edges[-1] + 10
+    TaskUsage.objects.bulk_create([sample(a.pk, later + 1 + 0.1 * i, cpu=100.0, memory_gib=1.0)
                                    for i, a in enumerate(attempts) if i != 11])
     chart = page.locator(f"{figure} [data-chart='cores']")
-    wait_for(lambda: chart.get_attribute("data-points") == "4", timeout=30, what="the new round drawn")
+    wait_for(lambda: chart.get_attribute("data-points") == "4", timeout=40, what="the new bucket drawn")
     cores, = plot_data(page, f"{figure} [data-chart='cores']")
-    assert cores[3] == pytest.approx((11 * 100.0 + known[2][11][0]) / 100)
+    assert cores[3] == pytest.approx(11.0)
+    expect(page.locator(f"{figure} figcaption")).to_have_text("All 12 tasks (newest samples from 11 of them)")
     usage_screenshot(page, "job-usage-big-desktop")
+
+    # Another window: the server's wider buckets.
+    with page.expect_response(lambda r: "metrics/summary?window=86400" in r.url) as answer:
+        page.get_by_label("Job-wide graphs over").select_option("86400")
+    assert answer.value.json()["bucketSeconds"] == 300
+    wait_for(lambda: plot_data(page, f"{figure} [data-chart='cores']")[0] == [
+        b["cpuCores"] for b in answer.value.json()["buckets"]], timeout=10, what="the day drawn")
     assert page.errors == []
     page.context.close()
 
 
 def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, portal_in_process, alice, rows_node):
-    """400 tasks: an answer gives each task 50 samples. The picked task's
-    graphs show all 60 of its own, read from its own address."""
+    """400 tasks: a metrics answer gives each task 50 samples. The picked
+    task's graphs show all 60 of its own, read from its own address; the
+    job-wide graphs reach back past what one metrics answer holds."""
     job = big_job(alice, rows_node, tasks=400, attempts=1, samples=0)
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))
     attempts = list(TaskAttempt.objects.filter(job=job).order_by("task__index"))
     assert usage.samples_per_task(400) == 50
     times = rounds_at(60)
@@ -253,13 +284,14 @@ def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, por
     picker = page.get_by_label("Show one task")
     expect(picker.locator("option")).to_have_count(401)
     expect(picker.locator("option[value='main-3']")).to_have_text("main-3 (no recent samples)")
+    # Once the newest rounds' buckets are whole (a sample period and the
+    # settling time after them).
     expect(page.locator("#usage-charts [data-usage='job'] figcaption")).to_have_text(
-        "All 400 tasks (newest samples from 399 of them)")
-    # The job-wide graphs start at main-7's oldest sample sent: before it,
-    # its samples were not sent, and sums without them would be wrong.
+        "All 400 tasks (newest samples from 399 of them)", timeout=40_000)
+    # The job-wide graphs start at main-7's oldest sample, the 60th before
+    # the newest: the server adds up all of them.
     cores = "#usage-charts [data-usage='job'] [data-chart='cores']"
-    assert page.evaluate("s => document.querySelector(s).usagePlot.data[0][0]", cores) == times[10]
-    expect(page.locator(cores)).to_have_attribute("data-points", "50")
+    assert page.evaluate("s => document.querySelector(s).usagePlot.data[0][0]", cores) == times[0] // 10 * 10
 
     picker.select_option("main-7")
     task = page.locator("#usage-charts [data-task='main-7']")

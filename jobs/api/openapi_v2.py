@@ -52,6 +52,9 @@ def _v2_schemas() -> dict[str, Schema]:
                                       "schemas/v2/schema.yaml), as YAML or JSON."},
         "SkuType": obj({"cpu": INTEGER, "memory": INTEGER, "gpu": INTEGER}, ["cpu", "memory", "gpu"]),
         "Tag": TAG_BODY,
+        "UsageSpread": obj({"mean": {"type": "number"}, "min": {"type": "number"}, "max": {"type": "number"}},
+                           ["mean", "min", "max"], description="over the tasks (GPUs) sampled in a bucket: the "
+                                                               "mean, the least and the most busy"),
         "UserV2": obj({"username": STRING, "admin": BOOLEAN, "active": BOOLEAN,
                        "virtualCluster": {"type": "array", "items": STRING,
                                           "description": "every virtual cluster the user may submit to, default "
@@ -142,6 +145,29 @@ def _paths() -> dict[str, Schema]:
                 query_param("since", "only samples after this ISO-8601 time", STRING),
                 query_param("attempt", "the job attempt (default: the current one)", {"type": "integer", "minimum": 1}),
             ], description="The job's owner and admins only; the job page's graphs read this.")},
+        "/jobs/{username}~{name}/metrics/summary": {"parameters": JOB_PARAMS, "get": operation(
+            "Read a job's usage added up over its tasks", {**answer(200, "The attempt's tasks per time bucket.", obj({
+                "job": STRING, "state": STRING, "attempt": INTEGER, "taskCount": INTEGER,
+                "sampleSeconds": {"type": "number"}, "window": INTEGER, "bucketSeconds": INTEGER,
+                "from": STRING, "until": STRING,
+                "buckets": {"type": "array", "items": obj({
+                    "time": STRING, "tasks": INTEGER, "cpuCores": {"type": "number"},
+                    "cpuPercent": ref("UsageSpread"), "memoryBytes": INTEGER, "gpus": INTEGER,
+                    "gpuPercent": {"allOf": [ref("UsageSpread")], "nullable": True},
+                })},
+            })), **errors(400, 401, 404)}, tag="access", parameters=[
+                query_param("window", "seconds back from now (default 3600, at least 60, at most USAGE_MINUTES_DAYS)",
+                            {"type": "integer", "minimum": 60}),
+                query_param("since", "only buckets starting after this ISO-8601 time (a poll passes the newest "
+                                     "bucket's `time`)", STRING),
+                query_param("attempt", "the job attempt (default: the current one)", {"type": "integer", "minimum": 1}),
+            ], description="The job's owner and admins only; the job page's job-wide graphs read this. Buckets are "
+                           "`bucketSeconds` wide (at most 360 of them in a window; 10 s for an hour at the default 5 s "
+                           "sample interval), aligned to the epoch; only whole buckets are given (from `from` to "
+                           "`until`), and buckets no task was sampled in are left out. In a bucket each task counts "
+                           "once, as the mean of its samples there (each GPU likewise): `tasks` sampled, `cpuCores` "
+                           "(cpuPercent / 100) and `memoryBytes` summed over them, `cpuPercent` per task and "
+                           "`gpuPercent` per GPU as mean, least and most busy (null without GPU figures).")},
         **attempt_paths(),
         **virtual_cluster_paths(),
         "/cluster/sku-types": {"get": operation("List SKU types", {

@@ -7,17 +7,20 @@
 // task. A bigger one (data-job-wide: more than usage.JOB_WIDE_TASKS tasks)
 // gets the job as a whole -- CPU cores and memory summed over its tasks, CPU
 // per task and GPU utilisation as a mean with the least and most busy
-// shaded around it -- computed here from the same per-task samples, and one
-// task's graphs picked from a menu.
+// shaded around it -- added up by the server per time bucket
+// (.../metrics/summary, over the window picked in a menu), and one task's
+// graphs picked from a menu. They were added up here from the per-task
+// samples of one metrics answer, which reached back 20 samples a task for
+// a 1,000-task job.
 (function () {
   "use strict";
 
   var ACTIVE = { WAITING: 1, RUNNING: 1, STOPPING: 1 };
   var MIB = 1024 * 1024;
   var BLUE = "#2563eb", GREEN = "#16a34a", PURPLE = "#9333ea";
-  // Sample periods a task's sample still counts for in the job-wide sums
-  // when the next one is late (see jobSeries).
-  var HOLD = 2;
+  var GIB = 1024 * MIB;
+  // The job-wide graphs' windows (seconds), as the menu offers them.
+  var WINDOWS = [[3600, "the last hour"], [21600, "the last 6 hours"], [86400, "the last day"]];
   var root = document.getElementById("usage-charts");
   if (!root || !window.uPlot) return;
   var url = root.dataset.metricsUrl;
@@ -27,8 +30,16 @@
   var tasks = {};  // each task attempt's samples by key (role-index#attempt) and, while shown, its graphs
   var since = "";
   var finalPolls = 0;
-  // A big job's page: its job-wide graphs, the task menu and the task picked.
-  var whole = root.dataset.jobWide === "true" ? { box: null, charts: null, select: null, options: {}, keys: {}, picked: null, from: -Infinity } : null;
+  // A big job's page: its job-wide graphs and their buckets, the task menu
+  // and the task picked.
+  var whole = root.dataset.jobWide === "true" ? { box: null, charts: null, select: null, options: {}, keys: {}, picked: null,
+                                                  url: url + "/summary", window: defaultWindow(), series: null, since: "", asked: 0 } : null;
+
+  // An hour for an attempt younger than that (10 s buckets), 6 hours after.
+  function defaultWindow() {
+    var started = Date.parse(root.dataset.started || "");
+    return started && Date.now() - started > 3600000 ? 21600 : 3600;
+  }
 
   function getJson(address) {
     return fetch(address, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
@@ -175,72 +186,39 @@
 
   // ------------------------------------------------------- the whole job
 
-  function bucketOf(buckets, k) {
-    return buckets[k] || (buckets[k] = { tasks: 0, cpu: 0, memory: 0, cpuMin: Infinity, cpuMax: -Infinity,
-                                         gpu: 0, gpus: 0, gpuMin: Infinity, gpuMax: -Infinity });
+  function emptySeries() {
+    return { times: [], cores: [], memory: [], cpuMean: [], cpuMin: [], cpuMax: [], gpuMean: [], gpuMin: [], gpuMax: [], tasks: [] };
   }
 
-  function count(b, entry, i) {
-    var cpu = entry.cpu[i];
-    b.tasks += 1;
-    b.cpu += cpu;
-    b.memory += entry.memory[i];
-    b.cpuMin = Math.min(b.cpuMin, cpu);
-    b.cpuMax = Math.max(b.cpuMax, cpu);
-    (entry.gpus[i] || []).forEach(function (u) {
-      b.gpu += u;
-      b.gpus += 1;
-      b.gpuMin = Math.min(b.gpuMin, u);
-      b.gpuMax = Math.max(b.gpuMax, u);
+  function push(s, time, b) {
+    s.times.push(time);
+    s.tasks.push(b ? b.tasks : null);
+    s.cores.push(b ? b.cpuCores : null);
+    s.memory.push(b ? b.memoryBytes / GIB : null);
+    s.cpuMean.push(b ? b.cpuPercent.mean : null);
+    s.cpuMin.push(b ? b.cpuPercent.min : null);
+    s.cpuMax.push(b ? b.cpuPercent.max : null);
+    var gpu = b && b.gpuPercent;
+    s.gpuMean.push(gpu ? gpu.mean : null);
+    s.gpuMin.push(gpu ? gpu.min : null);
+    s.gpuMax.push(gpu ? gpu.max : null);
+  }
+
+  // The server's buckets onto the series; where buckets are missing (no
+  // task was sampled) a gap, not a line across it.
+  function addBuckets(body) {
+    var s = whole.series, step = body.bucketSeconds;
+    body.buckets.forEach(function (b) {
+      var t = Date.parse(b.time) / 1000, last = s.times.length ? s.times[s.times.length - 1] : null;
+      if (last !== null && t <= last) return;  // had it already
+      if (last !== null && t - last > step) push(s, last + step, null);
+      push(s, t, b);
     });
-  }
-
-  function newestBucket(entries, step) {
-    return entries.reduce(function (newest, e) {
-      return e.times.length ? Math.max(newest, Math.floor(e.times[e.times.length - 1] / step)) : newest;
-    }, -Infinity);
-  }
-
-  // The job as a whole at each sample period. Nodes sample on their own
-  // clocks, so a task's samples go into buckets one period wide, the last
-  // one of a bucket standing for it. A bucket the task has no sample in
-  // (its node wrote a little late, or this round is not in yet) takes its
-  // previous sample, for up to HOLD periods: without it the sums would dip
-  // wherever clocks drift. After that the task counts no more (its sampler
-  // is away, or it ended) and `tasks` says how many were counted.
-  //
-  // It starts where every task's samples do: a task that gave as many as
-  // one answer holds (`samplesPerTask`) may have older ones not sent, and
-  // sums without them would dip.
-  function jobSeries(entries) {
-    var step = period / 1000, buckets = {}, newest = newestBucket(entries, step);
-    var first = Math.floor(whole.from / step);
-    entries.forEach(function (e) {
-      for (var i = 0; i < e.times.length; i++) {
-        var k = Math.floor(e.times[i] / step);
-        var next = i + 1 < e.times.length ? Math.floor(e.times[i + 1] / step) : newest + 1;
-        for (var j = Math.max(k, first); j < next && j <= k + HOLD; j++) count(bucketOf(buckets, j), e, i);
-      }
-    });
-    return seriesOf(buckets, step);
-  }
-
-  function seriesOf(buckets, step) {
-    var s = { times: [], cores: [], memory: [], cpuMean: [], cpuMin: [], cpuMax: [], gpuMean: [], gpuMin: [], gpuMax: [], tasks: [] };
-    Object.keys(buckets).map(Number).sort(function (a, b) { return a - b; }).forEach(function (k) {
-      var b = buckets[k];
-      s.times.push(k * step);
-      s.tasks.push(b.tasks);
-      s.cores.push(b.cpu / 100);  // 100% is one core
-      s.memory.push(b.memory / 1024);
-      s.cpuMean.push(b.cpu / b.tasks);
-      s.cpuMin.push(b.cpuMin);
-      s.cpuMax.push(b.cpuMax);
-      s.gpuMean.push(b.gpus ? b.gpu / b.gpus : null);
-      s.gpuMin.push(b.gpus ? b.gpuMin : null);
-      s.gpuMax.push(b.gpus ? b.gpuMax : null);
-    });
-    return s;
+    // A page left open keeps the window's worth.
+    var from = Date.now() / 1000 - whole.window - step, drop = 0;
+    while (drop < s.times.length && s.times[drop] < from) drop++;
+    if (drop) Object.keys(s).forEach(function (k) { s[k].splice(0, drop); });
+    if (body.buckets.length) whole.since = body.buckets[body.buckets.length - 1].time;
   }
 
   function jobFigure(total) {
@@ -264,8 +242,28 @@
     whole.select = taskMenu();
   }
 
+  function windowMenu() {
+    var wrap = document.createElement("span");
+    wrap.className = "usage-window";
+    var label = document.createElement("label");
+    label.htmlFor = "usage-window";
+    label.textContent = "Job-wide graphs over";
+    var select = document.createElement("select");
+    select.id = "usage-window";
+    WINDOWS.forEach(function (w) { select.appendChild(new Option(w[1], String(w[0]), false, w[0] === whole.window)); });
+    select.addEventListener("change", function () {
+      whole.window = parseInt(select.value, 10);
+      whole.series = null;
+      whole.since = "";
+      pollSummary();
+    });
+    wrap.appendChild(label);
+    wrap.appendChild(select);
+    return wrap;
+  }
+
   function drawJob(total) {
-    var s = jobSeries(Object.keys(tasks).map(function (k) { return tasks[k]; }));
+    var s = whole.series;
     setData(whole.charts.cores, s.times, [s.cores]);
     setData(whole.charts.cpu, s.times, [s.cpuMean, s.cpuMin, s.cpuMax]);
     setData(whole.charts.memory, s.times, [s.memory]);
@@ -273,7 +271,8 @@
       whole.charts.gpu = whole.charts.gpu || chart(whole.box, "gpu", "GPU utilisation", "%", spread(PURPLE));
       setData(whole.charts.gpu, s.times, [s.gpuMean, s.gpuMin, s.gpuMax]);
     }
-    var newest = s.tasks.length ? s.tasks[s.tasks.length - 1] : 0;
+    // The newest bucket's count: tasks whose sampler is away, or that ended.
+    var newest = s.tasks.length ? s.tasks[s.tasks.length - 1] : total;
     whole.reporting.dataset.tasks = String(newest);
     whole.reporting.textContent = newest < total ? " (newest samples from " + newest + " of them)" : "";
   }
@@ -290,6 +289,7 @@
     select.addEventListener("change", function () { pick(select.value); });
     wrap.appendChild(label);
     wrap.appendChild(select);
+    wrap.appendChild(windowMenu());
     root.appendChild(wrap);
     return select;
   }
@@ -334,8 +334,8 @@
 
   // An answer for a big job gives each task only `samplesPerTask` samples
   // (20 of a 1,000-task job): the task's own address gives up to 5,000 of
-  // the picked one. They are kept apart from `times`, which the job-wide
-  // sums read: those must add the same stretch of time for every task.
+  // the picked one. They are kept apart from `times`, which the polls
+  // extend (and `record` reads to drop what came twice).
   function backfill(entry) {
     if (!taskUrl || entry.older || !entry.times.length) return;
     var info = entry.info;
@@ -355,24 +355,36 @@
     }).catch(function () { entry.older = null; });  // the next pick tries again
   }
 
-  // Where the first answer is complete for every task (see jobSeries).
-  function completeFrom(body) {
-    return body.tasks.reduce(function (from, info) {
-      var s = info.samples;
-      return s.length >= body.samplesPerTask ? Math.max(from, Date.parse(s[0].time) / 1000) : from;
-    }, -Infinity);
+  function ensureJobFigure(total) {
+    if (!whole.box && total) jobFigure(total);
+    return !!whole.box;
   }
 
+  // The metrics answer of a big job: the task menu and the picked task.
   function showJob(body) {
     body.tasks.forEach(record);
-    if (!body.tasks.length) return;
-    if (!whole.box) {
-      whole.from = completeFrom(body);
-      jobFigure(body.tasks.length);
-    }
-    drawJob(body.tasks.length);
+    if (!ensureJobFigure(body.tasks.length)) return;
     syncMenu(body);
     if (whole.picked) drawTask(whole.picked);
+  }
+
+  // The job-wide graphs: buckets after the newest one had, at the pace new
+  // ones close (at least the sample period).
+  function pollSummary() {
+    var asked = whole.window, ask = whole.url + "?window=" + asked + (whole.since ? "&since=" + encodeURIComponent(whole.since) : "");
+    var turn = whole.asked = whole.asked + 1;
+    clearTimeout(whole.timer);  // a poll of the window before a change
+    getJson(ask).then(function (body) {
+      if (turn !== whole.asked) return;  // the window changed meanwhile: a newer request is out
+      if (!whole.series) whole.series = emptySeries();
+      addBuckets(body);
+      if (ensureJobFigure(body.taskCount)) drawJob(body.taskCount);
+      root.dataset.summaryLoaded = "true";
+      var again = Math.max(period, body.bucketSeconds * 500);
+      if (ACTIVE[body.state] || whole.finalPolls++ < 1) whole.timer = setTimeout(pollSummary, document.hidden ? Math.max(again, 15000) : again);
+    }).catch(function () {
+      if (turn === whole.asked) whole.timer = setTimeout(pollSummary, 15000);
+    });
   }
 
   // ------------------------------------------------------------ polling
@@ -406,4 +418,8 @@
     }).catch(function () { setTimeout(poll, 15000); });
   }
   poll();
+  if (whole) {
+    whole.finalPolls = 0;
+    pollSummary();
+  }
 })();

@@ -9,8 +9,10 @@ Jupyter tasks on its attempt `--attempts` (every earlier attempt failed,
 each with all its task containers), the way tests/test_big_job_queries.py
 makes it, then times through Django's test client, the whole request
 included: the job page, the live part the page polls every 2 s (the first
-page of tasks, and filtered to the failed ones), v1 and v2 status and the
-v2 metrics the usage graphs read. Prints p50/p95 wall and CPU milliseconds
+page of tasks, and filtered to the failed ones), v1 and v2 status, the
+v2 metrics the usage graphs read, and the job-wide summary over an hour of
+samples every 5 s (720,000 rows for 1,000 tasks), first whole and then as
+the page polls it (the buckets after the newest one it has). Prints p50/p95 wall and CPU milliseconds
 and the answer's size per call, then `big_job_live_poll_ms=<p95 of the live
 part>`: what each open job page costs the portal every 2 s.
 """
@@ -24,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,11 +40,13 @@ def fill(tasks: int, attempts: int):
 
     from jobs.models import TaskAttempt, TaskState, User
     from tests.test_big_job_queries import big_job, idle_node
+    from tests.test_usage_series import hour_of_samples
 
     call_command("migrate", verbosity=0)
     call_command("ensure_defaults", verbosity=0)
     owner = User.objects.create_user("bench", password="bench-Password-1")
     job = big_job(owner, next(idle_node()), tasks=tasks, attempts=attempts, jupyter=True)
+    hour_of_samples(job)
     # A few failed tasks, for the filter.
     TaskAttempt.objects.filter(job=job, number=attempts, task__index__in=[7, tasks // 2, tasks - 1]).update(
         state=TaskState.FAILED, exit_code=1)
@@ -81,6 +86,8 @@ def main() -> None:
     browser = Client()
     browser.force_login(owner)
     api = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.token_create(user=owner, lifetime=timedelta(hours=1)).key}")
+    summary = f"/api/v2/jobs/{owner.username}~{job.name}/metrics/summary"
+    poll_since = api.get(summary).json()["buckets"][-2]["time"]  # what a page polling every bucket asks
     calls = [
         ("job page", browser, f"/jobs/{job.pk}/"),
         ("live part", browser, f"/jobs/{job.pk}/live/"),
@@ -88,6 +95,8 @@ def main() -> None:
         ("v1 status", api, f"/api/v1/user/{owner.username}/jobs/{job.name}"),
         ("v2 status", api, f"/api/v2/jobs/{owner.username}~{job.name}"),
         ("v2 metrics", api, f"/api/v2/jobs/{owner.username}~{job.name}/metrics"),
+        ("v2 summary, an hour", api, summary),
+        ("v2 summary, a poll", api, f"{summary}?since={quote(poll_since)}"),
     ]
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'call':26} {'wall p50':>9} {'wall p95':>9} {'CPU p50':>8} {'bytes':>10}")

@@ -440,6 +440,10 @@ WEBHOOK_RETRY_SECONDS = env_float_list("WEBHOOK_RETRY_SECONDS", [10, 60, 300, 18
 USAGE_SAMPLE_SECONDS = env_float("USAGE_SAMPLE_SECONDS", 5.0, minimum=0.2)
 USAGE_DETAIL_HOURS = env_float("USAGE_DETAIL_HOURS", 24.0, minimum=0.1)
 USAGE_MINUTES_DAYS = env_float("USAGE_MINUTES_DAYS", 30.0, minimum=0.1)
+# The most raw samples one job-wide usage summary (.../metrics/summary) may
+# read: about 0.8 s of a web worker's CPU on SQLite (bench/big_job_page.py).
+# A window that would read more is refused (jobs/services/usage_series.py).
+USAGE_SUMMARY_MAX_SAMPLES = env_int("USAGE_SUMMARY_MAX_SAMPLES", 200_000, minimum=10_000)
 # The admin dashboard keeps each window's figures this long (Django's cache),
 # shared by every admin who opens it then; 0 computes them at every view.
 DASHBOARD_CACHE_SECONDS = env_float("DASHBOARD_CACHE_SECONDS", 60.0, minimum=0.0)

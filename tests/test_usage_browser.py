@@ -197,13 +197,15 @@ def summary_of(page, job) -> dict:
                          f"/api/v2/jobs/{job.owner.username}~{job.name}/metrics/summary")
 
 
-def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal_in_process, alice, rows_node):
+def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal_in_process, alice, rows_node,
+                                                                  settings):
     """12 tasks on real GPUs (two each), three 10 s buckets: task i uses
     10(i+1)+k % CPU in bucket k, i+1 GiB, GPUs at i and 2i %. Their samples
     come a little apart, as nodes' clocks are; main-5 has none in the
     second bucket, which counts 11 tasks. The server adds them up; the page
     draws what it sent."""
     Node.objects.filter(pk=rows_node.pk).update(gpus_simulated=False)
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 1_000_000  # a day of 12 tasks' samples, for the menu's last window
     job = big_job(alice, rows_node, tasks=12, attempts=1, samples=0)
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))  # an hour's window
     attempts = list(TaskAttempt.objects.filter(job=job).order_by("task__index"))
@@ -263,6 +265,28 @@ def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal
     wait_for(lambda: plot_data(page, f"{figure} [data-chart='cores']")[0] == [
         b["cpuCores"] for b in answer.value.json()["buckets"]], timeout=10, what="the day drawn")
     assert page.errors == []
+    page.context.close()
+
+
+def test_a_big_jobs_window_menu_offers_only_the_windows_its_job_may_read(browser, portal_in_process, alice, rows_node,
+                                                                          settings):
+    """A summary reads at most USAGE_SUMMARY_MAX_SAMPLES samples: at 10,000
+    a 12-task job may read 4,166 s, so the menu offers 10 minutes and an
+    hour, and a job started two hours ago opens on the hour, not 6 hours."""
+    settings.USAGE_SAMPLE_SECONDS = 5.0
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
+    job = big_job(alice, rows_node, tasks=12, attempts=1, samples=0)
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(hours=2))
+    attempt = TaskAttempt.objects.filter(job=job).first()
+    TaskUsage.objects.bulk_create([sample(attempt.pk, bucket_edges(1)[0] + 1, cpu=50.0, memory_gib=1.0)])
+    page = page_alone(browser, portal_in_process)
+    login(page, alice)
+    with page.expect_response(lambda r: "metrics/summary?window=" in r.url) as answer:
+        page.goto(f"/jobs/{job.pk}/")
+    assert answer.value.status == 200 and answer.value.json()["window"] == 3600
+    menu = page.get_by_label("Job-wide graphs over")
+    expect(menu).to_have_value("3600")
+    assert menu.locator("option").evaluate_all("os => os.map(o => o.value)") == ["600", "3600"]
     page.context.close()
 
 

@@ -160,6 +160,62 @@ def test_it_answers_the_owner_and_admins_and_refuses_others(alice, bob, admin_us
     assert Client().get("/rest-server" + summary_url(job)).status_code == 401
 
 
+# ----------------------------------------------------- the samples budget
+
+
+@pytest.mark.parametrize("detail_hours", [24.0, 0.5])
+@pytest.mark.parametrize("tasks", [1, 12, 100, 1000])
+def test_the_longest_window_is_the_last_whose_samples_fit_the_budget(settings, tasks, detail_hours):
+    settings.USAGE_SAMPLE_SECONDS, settings.USAGE_DETAIL_HOURS = 5.0, detail_hours
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 200_000
+    longest = usage_series.longest_window(tasks=tasks)
+    assert usage_series.samples_read(tasks=tasks, window_seconds=longest) <= 200_000
+    if longest < usage_series.max_window_seconds():
+        assert usage_series.samples_read(tasks=tasks, window_seconds=longest + 1) > 200_000
+    # 1,000 tasks every 5 s: 1,000 s of samples.
+    assert usage_series.longest_window(tasks=1000) == 1000
+
+
+def test_the_estimate_is_never_under_the_samples_a_window_holds(alice, node, settings):
+    settings.USAGE_SAMPLE_SECONDS = 5.0
+    job = big_job(alice, node, tasks=7, samples=0)
+    hour_of_samples(job)
+    held = TaskUsage.objects.filter(attempt__job=job).count()
+    assert held == 7 * 720 and usage_series.samples_read(tasks=7, window_seconds=3600) == held
+
+
+def test_a_window_over_the_budget_is_a_400_naming_the_longest_this_job_allows(alice, bob, node, settings):
+    settings.USAGE_SAMPLE_SECONDS = 5.0
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
+    job = big_job(alice, node, tasks=100, attempts=1, samples=2)  # 100 tasks: 500 s of samples
+    client = api_client(alice)
+    refused = client.get(summary_url(job), {"window": 3600})
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["code"] == "InvalidParametersError"
+    assert "window" in refused.json()["message"] and "at most 500 seconds" in refused.json()["message"]
+    assert client.get(summary_url(job), {"window": 501}).status_code == 400
+    fits = client.get(summary_url(job), {"window": 500}).json()
+    assert (fits["window"], fits["maxWindow"], fits["bucketSeconds"]) == (500, 500, 10)
+    # Without a window: an hour, or the longest the job allows under it.
+    assert client.get(summary_url(job)).json()["window"] == 500
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 1_000_000
+    assert client.get(summary_url(job)).json()["window"] == 3600
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
+    # Others are refused as before, whatever the window.
+    for window in (60, 3600):
+        assert api_client(bob).get(summary_url(job), {"window": window}).status_code == 404
+        assert Client().get(summary_url(job), {"window": window}).status_code == 401
+
+
+def test_a_job_page_offers_windows_up_to_the_longest_its_job_allows(alice, node, settings):
+    settings.USAGE_SAMPLE_SECONDS = 5.0
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
+    job = big_job(alice, node, tasks=12, attempts=1, samples=0)
+    client = Client()
+    client.force_login(alice)
+    assert 'data-max-window="4166"' in client.get(f"/jobs/{job.pk}/").content.decode()
+
+
 def hour_of_samples(job, *, every: int = 5) -> datetime:
     """An hour of samples of each of the job's tasks, every `every` seconds,
     written by one INSERT ... SELECT (a million rows through bulk_create
@@ -184,12 +240,16 @@ def hour_of_samples(job, *, every: int = 5) -> datetime:
     return newest
 
 
-def test_a_1000_task_job_gets_an_hour_of_points_in_queries_that_do_not_grow_with_its_tasks(alice, node):
+def test_a_1000_task_job_gets_an_hour_of_points_in_queries_that_do_not_grow_with_its_tasks(alice, node, settings):
     client = api_client(alice)
     small = big_job(alice, node, tasks=10, samples=0)
     big = big_job(alice, node, tasks=1000, samples=0)
     for job in (small, big):
         hour_of_samples(job)
+    # The default budget refuses the hour's 720,000 samples; raised here to
+    # check the buckets and the queries over them.
+    assert client.get(summary_url(big), {"window": 3600}).status_code == 400
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 720_000
     started = time.perf_counter()
     body = client.get(summary_url(big)).json()
     print(f"\n1,000 tasks, an hour at 5 s: {time.perf_counter() - started:.2f} s, {len(body['buckets'])} buckets")

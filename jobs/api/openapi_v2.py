@@ -148,7 +148,7 @@ def _paths() -> dict[str, Schema]:
         "/jobs/{username}~{name}/metrics/summary": {"parameters": JOB_PARAMS, "get": operation(
             "Read a job's usage added up over its tasks", {**answer(200, "The attempt's tasks per time bucket.", obj({
                 "job": STRING, "state": STRING, "attempt": INTEGER, "taskCount": INTEGER,
-                "sampleSeconds": {"type": "number"}, "window": INTEGER, "bucketSeconds": INTEGER,
+                "sampleSeconds": {"type": "number"}, "window": INTEGER, "maxWindow": INTEGER, "bucketSeconds": INTEGER,
                 "from": STRING, "until": STRING,
                 "buckets": {"type": "array", "items": obj({
                     "time": STRING, "tasks": INTEGER, "cpuCores": {"type": "number"},
@@ -156,8 +156,9 @@ def _paths() -> dict[str, Schema]:
                     "gpuPercent": {"allOf": [ref("UsageSpread")], "nullable": True},
                 })},
             })), **errors(400, 401, 404)}, tag="access", parameters=[
-                query_param("window", "seconds back from now (default 3600, at least 60, at most USAGE_MINUTES_DAYS)",
-                            {"type": "integer", "minimum": 60}),
+                query_param("window", "seconds back from now (default 3600 or `maxWindow` if shorter, at least 60, "
+                                      "at most `maxWindow`: the samples read are bounded by "
+                                      "USAGE_SUMMARY_MAX_SAMPLES)", {"type": "integer", "minimum": 60}),
                 query_param("since", "only buckets starting after this ISO-8601 time (a poll passes the newest "
                                      "bucket's `time`)", STRING),
                 query_param("attempt", "the job attempt (default: the current one)", {"type": "integer", "minimum": 1}),

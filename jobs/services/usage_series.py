@@ -82,6 +82,27 @@ def max_window_seconds() -> int:
     return int(settings.USAGE_MINUTES_DAYS * 86400)
 
 
+def samples_read(*, tasks: int, window_seconds: int) -> int:
+    """The most samples a window of `tasks` tasks holds: one per task every
+    sample period within USAGE_DETAIL_HOURS, one a minute before. Cheap
+    (no query) and never under the count for tasks sampled steadily."""
+    detail = min(window_seconds, settings.USAGE_DETAIL_HOURS * 3600)
+    per_task = detail / settings.USAGE_SAMPLE_SECONDS + (window_seconds - detail) / 60
+    return math.ceil(tasks * per_task)
+
+
+def longest_window(*, tasks: int) -> int:
+    """The longest window (seconds) whose samples_read fits the budget, at
+    most max_window_seconds(). Under MIN_WINDOW for a job too big for any."""
+    budget = settings.USAGE_SUMMARY_MAX_SAMPLES / max(1, tasks)  # samples per task
+    detail = settings.USAGE_DETAIL_HOURS * 3600
+    if budget * settings.USAGE_SAMPLE_SECONDS <= detail:
+        longest = budget * settings.USAGE_SAMPLE_SECONDS
+    else:
+        longest = detail + (budget - detail / settings.USAGE_SAMPLE_SECONDS) * 60
+    return min(max_window_seconds(), math.floor(longest))
+
+
 def bucket_width(window_seconds: int) -> int:
     """The narrowest round width that cuts `window_seconds` into at most
     MAX_POINTS buckets and that each steadily sampled task has a sample in:

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from jobs import services
 from jobs.ids import parse_id
 from jobs.models import ExitType, ImagePull, Job, JobAttempt, LogLine, State, Stream, Task, TaskAttempt, TaskState
-from jobs.services import access, listing, pulls, tags, usage
+from jobs.services import access, listing, pulls, tags, usage, usage_series
 from jobs.services.storage_links import job_storage_links
 from jobs.spec import TaskRoleSpec, protocol_of
 
@@ -353,6 +353,8 @@ def _usage_context(job: Job) -> dict:
         # shows it: ROLE and INDEX are filled in by the script.
         "usage_task_metrics_url": reverse("api:task_metrics", kwargs={**names, "role": "ROLE", "index": "INDEX"}),
         "usage_job_wide": usage.job_wide_graphs(job.total_tasks),
+        # The job-wide graphs' menu offers windows up to this (seconds).
+        "usage_max_window": usage_series.longest_window(tasks=job.total_tasks),
         "usage_sample_seconds": usage.sample_seconds(),
         "usage_simulated_gpus": job.task_attempts.filter(number=job.attempt_number, node__gpus_simulated=True)
         .exclude(gpus=[]).exists(),

@@ -19,10 +19,18 @@
   var MIB = 1024 * 1024;
   var BLUE = "#2563eb", GREEN = "#16a34a", PURPLE = "#9333ea";
   var GIB = 1024 * MIB;
-  // The job-wide graphs' windows (seconds), as the menu offers them.
-  var WINDOWS = [[3600, "the last hour"], [21600, "the last 6 hours"], [86400, "the last day"]];
   var root = document.getElementById("usage-charts");
   if (!root || !window.uPlot) return;
+  // The job-wide graphs' windows (seconds), as the menu offers them: those
+  // the server allows this job (data-max-window: a summary reads a bounded
+  // number of samples, so a bigger job gets shorter windows), or the
+  // longest it allows if none of them fits.
+  var WINDOWS = (function () {
+    var most = parseInt(root.dataset.maxWindow || "86400", 10);
+    var all = [[600, "the last 10 minutes"], [3600, "the last hour"], [21600, "the last 6 hours"], [86400, "the last day"]];
+    var fit = all.filter(function (w) { return w[0] <= most; });
+    return fit.length ? fit : [[most, "the last " + Math.max(1, Math.floor(most / 60)) + " minutes"]];
+  })();
   var url = root.dataset.metricsUrl;
   var taskUrl = root.dataset.taskMetricsUrl || "";
   var period = Math.max(2000, 1000 * parseFloat(root.dataset.sampleSeconds || "5"));
@@ -35,10 +43,13 @@
   var whole = root.dataset.jobWide === "true" ? { box: null, charts: null, select: null, options: {}, keys: {}, picked: null,
                                                   url: url + "/summary", window: defaultWindow(), series: null, since: "", asked: 0 } : null;
 
-  // An hour for an attempt younger than that (10 s buckets), 6 hours after.
+  // An hour for an attempt younger than that (10 s buckets), 6 hours after;
+  // the longest window offered under that if the job is too big for it.
   function defaultWindow() {
     var started = Date.parse(root.dataset.started || "");
-    return started && Date.now() - started > 3600000 ? 21600 : 3600;
+    var wanted = started && Date.now() - started > 3600000 ? 21600 : 3600, best = WINDOWS[0][0];
+    WINDOWS.forEach(function (w) { if (w[0] <= wanted) best = w[0]; });
+    return best;
   }
 
   function getJson(address) {

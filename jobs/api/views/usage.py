@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils.dateparse import parse_datetime
 
@@ -106,11 +107,17 @@ def _job_metrics_summary(request: HttpRequest, username: str, name: str) -> Http
     job = find_job(request, username, name)
     since = _since(request)
     window = optional_int_param(request.GET, "window", minimum=usage_series.MIN_WINDOW,
-                                maximum=usage_series.max_window_seconds()) or usage_series.DEFAULT_WINDOW
+                                maximum=usage_series.max_window_seconds())
     number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6) or job.attempt_number
+    tasks = TaskAttempt.objects.filter(job=job, number=number).count()
+    longest = usage_series.longest_window(tasks=tasks)
+    window = window or max(usage_series.MIN_WINDOW, min(usage_series.DEFAULT_WINDOW, longest))
+    if window > longest:
+        raise invalid(f"window must be at most {longest} seconds for this job's {tasks} tasks "
+                      f"(a summary reads at most {settings.USAGE_SUMMARY_MAX_SAMPLES} samples), got {window}.")
     series = usage_series.job_series(job_id=job.pk, number=number, window_seconds=window, since=since)
     return ok({"job": f"{job.owner.username}~{job.name}", "state": job.state, "attempt": number,
-               "taskCount": TaskAttempt.objects.filter(job=job, number=number).count(),
+               "taskCount": tasks, "maxWindow": longest,
                "sampleSeconds": usage.sample_seconds(), "window": window, "bucketSeconds": series.width,
                "from": _time_json(series.start), "until": _time_json(series.end),
                "buckets": [_bucket_json(bucket) for bucket in series.buckets]})

@@ -285,16 +285,19 @@ def test_it_fails_the_tasks_of_a_lost_node(alice, cluster):
 
 def test_it_reports_a_failed_image_pull(alice, cluster, settings):
     # A loopback registry (nothing listens on port 1) is refused unless the
-    # admin opens it: here for submission (this process) and one agent.
+    # admin opens it: here for submission (this process) and one agent. It
+    # cannot be reached: asked again for IMAGE_PULL_REGISTRY_WAIT_SECONDS
+    # (3 s here), then the task fails saying so (finding 46).
     settings.REGISTRY_ALLOWED = ["127.0.0.1:1"]
     cluster.start_agent("t-node-pull", ports=cluster.port_range(5), gpus=1, gpu_type="PULLTEST",
-                        env={"REGISTRY_ALLOWED": "127.0.0.1:1"})
+                        env={"REGISTRY_ALLOWED": "127.0.0.1:1", "IMAGE_PULL_REGISTRY_WAIT_SECONDS": "3"})
     image = "127.0.0.1:1/no/such-image:1"
     job = wait_state(submit(alice, config("nopull", role(gpus=1), image=image, gpuType="PULLTEST")), State.FAILED,
                      timeout=60)
     cluster.agent("t-node-pull").stop()
     assert job.exit_type == ExitType.IMAGE_PULL
     assert f"could not pull image {image}: " in job.exit_reason and "connection refused" in job.exit_reason
+    assert "could not be reached for 3 s (IMAGE_PULL_REGISTRY_WAIT_SECONDS)" in job.exit_reason, job.exit_reason
 
 
 def test_it_truncates_a_huge_log_and_lets_the_task_go_on(alice, cluster):

@@ -292,9 +292,11 @@ def test_it_reports_a_failed_image_pull(alice, cluster, settings):
     cluster.start_agent("t-node-pull", ports=cluster.port_range(5), gpus=1, gpu_type="PULLTEST",
                         env={"REGISTRY_ALLOWED": "127.0.0.1:1", "IMAGE_PULL_REGISTRY_WAIT_SECONDS": "3"})
     image = "127.0.0.1:1/no/such-image:1"
-    job = wait_state(submit(alice, config("nopull", role(gpus=1), image=image, gpuType="PULLTEST")), State.FAILED,
-                     timeout=60)
-    cluster.agent("t-node-pull").stop()
+    try:
+        job = wait_state(submit(alice, config("nopull", role(gpus=1), image=image, gpuType="PULLTEST")), State.FAILED,
+                         timeout=60)
+    finally:  # its name and ports are other tests' too
+        cluster.agent("t-node-pull").stop()
     assert job.exit_type == ExitType.IMAGE_PULL
     assert f"could not pull image {image}: " in job.exit_reason and "connection refused" in job.exit_reason
     assert "could not be reached for 3 s (IMAGE_PULL_REGISTRY_WAIT_SECONDS)" in job.exit_reason, job.exit_reason

@@ -78,6 +78,35 @@ def port_spec(label: str) -> list[dict]:
 
 
 @contextmanager
+def portal_in_thread() -> Iterator[str]:
+    """portal.asgi's application under uvicorn with the gunicorn worker's
+    settings, in a thread of this process (so a test's settings are the
+    portal's, HTTPS among them); its base URL."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from portal.asgi import application
+    from portal.workers import PortalWorker
+    from tests.cluster import wait_for
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    kwargs = {k: v for k, v in PortalWorker.CONFIG_KWARGS.items() if k != "loop"}
+    server = uvicorn.Server(uvicorn.Config(application, lifespan="off", log_level="warning", **kwargs))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, what="uvicorn to start")
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@contextmanager
 def running_app(name: str, label: str = "http", *, gpu_type: str = "") -> Iterator[tuple[Any, Any]]:
     """(owner, task attempt): a user of its own (its password as
     `test_password`) whose one-task job `name` serves the app on its first

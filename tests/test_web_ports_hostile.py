@@ -17,16 +17,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
-import uvicorn
 from django.test import Client
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from jobs.models import Node, TaskAttempt, TaskState
-from tests.cluster import wait_for
 from tests.helpers import rows_only_attempt, settled
 from tests.raw_http import RawHttpServer
+from tests.task_hosts import portal_in_thread
 
 ENGINE_SCHEME = "termreview"
 
@@ -38,20 +37,8 @@ ENGINE_SCHEME = "termreview"
 def portal(redis_server) -> Iterator[str]:
     """portal.asgi's application under uvicorn with the gunicorn worker's
     settings, in a thread of this process; its base URL."""
-    from portal.asgi import application
-    from portal.workers import PortalWorker
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    kwargs = {k: v for k, v in PortalWorker.CONFIG_KWARGS.items() if k not in ("loop",)}
-    server = uvicorn.Server(uvicorn.Config(application, lifespan="off", log_level="warning", **kwargs))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, what="uvicorn to start")
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with portal_in_thread() as base_url:
+        yield base_url
 
 
 def _running_attempt(owner, node: Node, *, ports: dict[str, list[int]]) -> TaskAttempt:

@@ -18,17 +18,13 @@ prefix can help (see SECURITY.md, "Choosing PORTAL_PROXY_DOMAIN")."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 import requests
-import uvicorn
 
 from jobs.services import webports
-from tests.cluster import wait_for
-from tests.task_hosts import running_app
+from tests.task_hosts import portal_in_thread, running_app
 
 pytestmark = pytest.mark.services
 
@@ -39,20 +35,8 @@ LABEL = "http"
 def portal(cluster) -> Iterator[str]:
     """portal.asgi's application under uvicorn in a thread of this process
     (so a test's settings are the portal's, HTTPS among them); its base URL."""
-    from portal.asgi import application
-    from portal.workers import PortalWorker
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    kwargs = {k: v for k, v in PortalWorker.CONFIG_KWARGS.items() if k != "loop"}
-    server = uvicorn.Server(uvicorn.Config(application, lifespan="off", log_level="warning", **kwargs))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, what="uvicorn to start")
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with portal_in_thread() as base_url:
+        yield base_url
 
 
 @pytest.fixture(scope="module")

@@ -253,14 +253,23 @@
     whole.select = taskMenu();
   }
 
-  function windowMenu() {
-    var wrap = document.createElement("span");
-    wrap.className = "usage-window";
+  // A <select> with its label, in a `tag` of class `className`.
+  function labelled(tag, className, id, text) {
+    var wrap = document.createElement(tag);
+    wrap.className = className;
     var label = document.createElement("label");
-    label.htmlFor = "usage-window";
-    label.textContent = "Job-wide graphs over";
+    label.htmlFor = id;
+    label.textContent = text;
     var select = document.createElement("select");
-    select.id = "usage-window";
+    select.id = id;
+    wrap.appendChild(label);
+    wrap.appendChild(select);
+    return { wrap: wrap, select: select };
+  }
+
+  function windowMenu() {
+    var menu = labelled("span", "usage-window", "usage-window", "Job-wide graphs over");
+    var select = menu.select;
     WINDOWS.forEach(function (w) { select.appendChild(new Option(w[1], String(w[0]), false, w[0] === whole.window)); });
     select.addEventListener("change", function () {
       whole.window = parseInt(select.value, 10);
@@ -268,9 +277,7 @@
       whole.since = "";
       pollSummary();
     });
-    wrap.appendChild(label);
-    wrap.appendChild(select);
-    return wrap;
+    return menu.wrap;
   }
 
   function drawJob(total) {
@@ -289,19 +296,12 @@
   }
 
   function taskMenu() {
-    var wrap = document.createElement("div");
-    wrap.className = "usage-pick";
-    var label = document.createElement("label");
-    label.htmlFor = "usage-task";
-    label.textContent = "Show one task";
-    var select = document.createElement("select");
-    select.id = "usage-task";
+    var menu = labelled("div", "usage-pick", "usage-task", "Show one task");
+    var select = menu.select;
     select.appendChild(new Option("None", ""));
     select.addEventListener("change", function () { pick(select.value); });
-    wrap.appendChild(label);
-    wrap.appendChild(select);
-    wrap.appendChild(windowMenu());
-    root.appendChild(wrap);
+    menu.wrap.appendChild(windowMenu());
+    root.appendChild(menu.wrap);
     return select;
   }
 

@@ -16,7 +16,7 @@ from typing import Any
 import requests
 
 from jobs import services
-from jobs.models import Job, LogLine, Stream, TaskAttempt, User, VirtualCluster
+from jobs.models import FINAL_STATES, Job, LogLine, Stream, TaskAttempt, User, VirtualCluster
 from tests.cluster import wait_for
 from tests.services import BUSYBOX_IMAGE, DEBIAN_IMAGE
 
@@ -112,7 +112,9 @@ def new_user(prefix: str = "user", *, admin: bool = False, password: str = "pw-f
 @contextlib.contextmanager
 def running_job_of(owner: User, job_config: dict, *, timeout: float = 60) -> Iterator[tuple[Job, TaskAttempt]]:
     """`job_config` submitted as `owner`, once its first task runs in a
-    container; stopped afterwards unless it has ended."""
+    container; stopped afterwards unless it has ended, and waited for: a
+    test's own node agent may be stopped next, and a container it left
+    behind would hold its host ports against the next test's tasks."""
     job = submit(owner, job_config)
     try:
         yield job, running_attempt(job, timeout=timeout)
@@ -120,6 +122,23 @@ def running_job_of(owner: User, job_config: dict, *, timeout: float = 60) -> Ite
         job.refresh_from_db()
         if not job.is_final:
             services.job_stop(job=job, by=owner)
+            wait_state(job, *FINAL_STATES)
+
+
+def stop_node_agent(cluster, name: str, *, timeout: float = 60) -> None:
+    """Stop the unfinished jobs with tasks on node `name` and wait for them
+    to end, then its agent: a container a stopped agent left running keeps
+    its published host ports, which the next test's agent on the same port
+    range is then refused by Docker."""
+    try:
+        unfinished = list(Job.objects.filter(task_attempts__node__name=name).exclude(state__in=FINAL_STATES)
+                          .distinct())
+        for job in unfinished:
+            services.job_stop(job=job, by=job.owner)
+        for job in unfinished:
+            wait_state(job, *FINAL_STATES, timeout=timeout)
+    finally:
+        cluster.agent(name).stop()
 
 
 @functools.cache

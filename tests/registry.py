@@ -155,7 +155,9 @@ def registry_agent(cluster, registry: str, name: str, *, gpus: int, gpu_type: st
     stopped at the end."""
     cluster.start_agent(name, ports=cluster.port_range(5), gpus=gpus, gpu_type=gpu_type,
                         env={"REGISTRY_ALLOWED": registry, **(env or {})})
+    from tests.helpers import stop_node_agent
+
     try:
         yield name
     finally:
-        cluster.agent(name).stop()
+        stop_node_agent(cluster, name)

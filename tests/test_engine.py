@@ -10,7 +10,7 @@ from django.conf import settings
 from jobs import services
 from jobs.models import ExitType, JobAttempt, LogCursor, State, Stream, TaskAttempt
 from tests.cluster import wait_for
-from tests.helpers import config, example, lines, role, running_attempt, submit, wait_state
+from tests.helpers import config, example, lines, role, running_attempt, stop_node_agent, submit, wait_state
 
 pytestmark = pytest.mark.services
 
@@ -322,6 +322,13 @@ def test_it_keeps_one_task_jobs_apart_on_the_shared_network_when_asked(alice, cl
     tests/security/test_container_isolation.py)."""
     cluster.start_agent("t-node-iso", ports=cluster.port_range(4), gpus=2, gpu_type="ISOTEST",
                         env={"SINGLE_TASK_NETWORK": "shared"})
+    try:
+        _one_task_jobs_apart(alice)
+    finally:
+        stop_node_agent(cluster, "t-node-iso")
+
+
+def _one_task_jobs_apart(alice) -> None:
     server = wait_state(submit(alice, config("listener", role(command="nc -l -p 5000", gpus=1), gpuType="ISOTEST")),
                         State.RUNNING)
     container_id = running_attempt(server, timeout=30).container_id
@@ -339,7 +346,6 @@ def test_it_keeps_one_task_jobs_apart_on_the_shared_network_when_asked(alice, cl
     wait_state(server, State.STOPPED)
     wait_for(lambda: not docker.from_env().containers.list(all=True, filters={"id": container_id}),
              timeout=30, what="the listener's container to be removed")
-    cluster.agent("t-node-iso").stop()
 
 
 def test_it_refuses_a_virtual_cluster_the_user_may_not_use(alice, admin_user):

@@ -22,7 +22,7 @@ from jobs.models import Job, Node, State, TaskAttempt, TaskUsage
 from jobs.services import usage, usage_series
 from tests.browser import SCREENSHOTS, login, page_alone, screenshot
 from tests.cluster import wait_for
-from tests.helpers import config, role, running_attempt, submit, wait_state
+from tests.helpers import config, role, running_attempt, stop_node_agent, submit, wait_state
 from tests.test_big_job_queries import big_job, idle_node
 from tests.test_usage import node, running_tasks  # noqa: F401  (fixture)
 
@@ -39,7 +39,7 @@ def usage_node(cluster) -> Iterator[str]:
     cluster.start_agent(NODE, ports=cluster.port_range(4), gpus=1, gpu_type=GPU_TYPE,
                         env={"USAGE_SAMPLE_SECONDS": "0.5"})
     yield NODE
-    cluster.agent(NODE).stop()
+    stop_node_agent(cluster, NODE)
 
 
 @pytest.fixture

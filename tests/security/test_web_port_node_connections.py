@@ -28,7 +28,7 @@ from jobs.models import TaskAttempt
 from jobs.node.webforward import REFUSED_PROOF
 from jobs.services import webports
 from tests.cluster import wait_for
-from tests.helpers import login
+from tests.helpers import login, stop_node_agent
 from tests.task_hosts import TaskHostClient, follow_to_task_host, running_app
 
 pytestmark = pytest.mark.services
@@ -45,7 +45,7 @@ def capped_node(cluster) -> Iterator[str]:
     cluster.start_agent(NODE, ports=cluster.port_range(4), gpus=2, gpu_type=GPU_TYPE,
                         env={"WEB_PORT_NODE_CONNECTIONS_PER_USER": str(CAP)})
     yield NODE
-    cluster.agent(NODE).stop()
+    stop_node_agent(cluster, NODE)
 
 
 @pytest.fixture(scope="module")

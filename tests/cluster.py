@@ -88,6 +88,12 @@ class Cluster:
     processes: dict[str, Process] = field(default_factory=dict)
 
     def _spawn(self, name: str, args: list[str], **env: str) -> Process:
+        # One process a name: one left running by a test that failed before
+        # stopping it would otherwise be forgotten here, and outlive the run
+        # (stop_all stops what this holds).
+        earlier = self.processes.get(name)
+        if earlier is not None:
+            earlier.stop()
         LOGS.mkdir(parents=True, exist_ok=True)
         log_path = LOGS / f"{name}.log"
         log_file = open(log_path, "ab")

@@ -86,6 +86,13 @@ def left_behind(engine: DockerEngine, attempt: TaskAttempt, node: Node, *, comma
     return made["Id"]
 
 
+def not_running(engine: DockerEngine, container_id: str) -> bool:
+    """Stopped, or already removed: the agent removes a task's container
+    once its exit is recorded, which may come between two looks."""
+    state = engine.state(container_id)
+    return state is None or not state.running
+
+
 def restarted_agent(node: Node, engine: DockerEngine) -> NodeAgent:
     """An agent as it is once registered, before it serves: what its first
     reconciliation sees."""
@@ -279,7 +286,7 @@ def test_an_agent_restarted_in_a_stops_grace_period_stops_the_task_again(alice, 
     agent.follower.start()
     try:
         agent.reconcile(fresh_start=True)
-        wait_for(lambda: not engine.state(deaf).running, timeout=30, what="the container killed after the grace")
+        wait_for(lambda: not_running(engine, deaf), timeout=30, what="the container killed after the grace")
         wait_for(lambda: Job.objects.get(pk=job.pk).state == State.STOPPED, timeout=30, what="the job STOPPED")
     finally:
         agent.follower.stop()
@@ -303,7 +310,7 @@ def test_a_stop_whose_request_never_reached_the_agent_is_made_by_its_next_reconc
         job = services.job_stop(job=attempt.job, by=alice)  # its request goes to a queue nobody serves here
         assert job.state == State.STOPPING
         agent.reconcile()  # as its reconcile loop does
-        wait_for(lambda: not engine.state(running).running, timeout=30, what="the container stopped")
+        wait_for(lambda: not_running(engine, running), timeout=30, what="the container stopped")
         wait_for(lambda: Job.objects.get(pk=job.pk).state == State.STOPPED, timeout=30, what="the job STOPPED")
     finally:
         agent.follower.stop()

@@ -7,7 +7,7 @@ as filters) all say "1.5 GB" or "3m 07s" the same way.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from jobs.models import ExitType
@@ -27,6 +27,12 @@ def duration_text(value: timedelta | None) -> str:
     if minutes:
         return f"{minutes}m {seconds:02d}s"
     return f"{seconds}s"
+
+
+def utc_millis(at: datetime) -> str:
+    """A moment as the REST API and notifications give it: UTC, to the
+    millisecond, with a Z ("2026-11-30T09:43:00.760Z")."""
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def mb(value: float | int | None) -> str:

@@ -22,7 +22,7 @@ from django.test import Client
 from django.utils import timezone
 from rq import Queue
 
-from jobs import queues, services
+from jobs import formatting, queues, services
 from jobs.models import ExitType, IdleGpus, Job, JobAttempt, NotificationDelivery, State, TaskAttempt, TaskState
 from jobs.services import lifecycle, nodes, notifications, usage
 from jobs.services.lifecycle import ContainerExit
@@ -112,7 +112,7 @@ def test_it_stops_the_whole_job_still_idle_after_the_grace_and_never_retries_it(
 
     assert usage.idle_gpus_check(node_id=node.pk, now=t0) == [idle.pk]
     (delivery,) = NotificationDelivery.objects.filter(user=alice, payload__event="idleGpus")
-    assert delivery.payload["stopAt"] == notifications._timestamp(t0 + GRACE)
+    assert delivery.payload["stopAt"] == formatting.utc_millis(t0 + GRACE)
     notifications.delivery_try(delivery.pk)
     (mail,) = mailoutbox
     assert "will be stopped at" in mail.subject and "idle GPUs reclaimed" in mail.body, mail.body
@@ -200,8 +200,8 @@ def test_gpus_busy_again_within_the_grace_clear_the_flag_and_the_deadline(alice,
     assert usage.idle_gpus_check(node_id=node.pk, now=again) == [attempt.pk]
     assert fresh(job).state == State.RUNNING and fresh(attempt).stop_reason == ""
     notices = NotificationDelivery.objects.filter(user=alice, payload__event="idleGpus").order_by("id")
-    assert [d.payload["stopAt"] for d in notices] == [notifications._timestamp(t0 + GRACE),
-                                                      notifications._timestamp(again + GRACE)]
+    assert [d.payload["stopAt"] for d in notices] == [formatting.utc_millis(t0 + GRACE),
+                                                      formatting.utc_millis(again + GRACE)]
     assert stop_messages(node.name) == []
 
 

@@ -31,7 +31,7 @@ import json
 import logging
 import smtplib
 from collections.abc import Collection
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -172,7 +172,7 @@ def _tell_after_commit(job: Job, row: tuple[str, list] | None, *, previous: str,
     if not (webhook or email):
         return
     event = {"job_id": job.pk, "owner_id": job.owner_id, "job_name": job.name, "state": state, "previous": previous,
-             "reason": reason, "time": _timestamp(at or timezone.now())}
+             "reason": reason, "time": formatting.utc_millis(at or timezone.now())}
     if trigger is not None:
         event.update(trigger_message=trigger.message, trigger_role=trigger.role, trigger_index=trigger.index)
     transaction.on_commit(lambda: _enqueue(event))
@@ -183,10 +183,6 @@ def _enqueue(event: dict[str, Any]) -> None:
         queues.enqueue_notification(event)
     except Exception:  # Redis away: the state change stands; this notice is lost
         log.exception("could not enqueue the notification of job %s %s", event["job_id"], event["state"])
-
-
-def _timestamp(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # ------------------------------------------------------------------ the worker
@@ -245,8 +241,8 @@ def idle_gpus_notify(*, attempt: TaskAttempt, since: datetime, stop_at: datetime
     row = settings_for(owner)
     payload = {"event": IDLE_EVENT, "job": f"{owner.username}~{attempt.job.name}", "jobName": attempt.job.name,
                "user": owner.username, "task": f"{attempt.task.role}-{attempt.task.index}", "gpus": attempt.gpus,
-               "idleSince": _timestamp(since), "thresholdPercent": settings.IDLE_GPU_PERCENT,
-               "stopAt": _timestamp(stop_at) if stop_at else None, "time": _timestamp(timezone.now()),
+               "idleSince": formatting.utc_millis(since), "thresholdPercent": settings.IDLE_GPU_PERCENT,
+               "stopAt": formatting.utc_millis(stop_at) if stop_at else None, "time": formatting.utc_millis(timezone.now()),
                "url": f"{settings.PORTAL_URL}{reverse('jobs:detail', args=[attempt.job_id])}"}
     made = []
     if row and row.webhook_url:

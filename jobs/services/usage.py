@@ -29,7 +29,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -37,6 +37,7 @@ from django.db import transaction
 from django.db.models import Min, OuterRef, Q, Subquery
 from django.utils import timezone
 
+from jobs import formatting
 from jobs.models import IdleGpus, Job, TaskAttempt, TaskState, TaskUsage
 from jobs.services import lifecycle, notifications
 
@@ -250,7 +251,7 @@ def _reclaim_idle(idle: list[int], now: datetime) -> list[int]:
 def sample_json(row: TaskUsage) -> dict[str, Any]:
     """A sample as the REST API gives it."""
     return {
-        "time": row.at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "time": formatting.utc_millis(row.at),
         "cpuPercent": row.cpu_percent, "memoryBytes": row.memory_bytes,
         "networkRxBytes": row.network_rx_bytes, "networkTxBytes": row.network_tx_bytes,
         "blockReadBytes": row.block_read_bytes, "blockWriteBytes": row.block_write_bytes,

@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.dateparse import parse_datetime
 
 from jobs.api.auth import Access
+from jobs.formatting import utc_millis
 from jobs.api.errors import invalid
 from jobs.api.http import handler, ok, optional_int_param, resource
 from jobs.api.views.jobs import find_job
@@ -86,10 +87,6 @@ def _job_metrics(request: HttpRequest, username: str, name: str) -> HttpResponse
                "tasks": [_task_json(attempt, samples[attempt.pk], idle) for attempt in attempts]})
 
 
-def _time_json(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _spread_json(spread: usage_series.Spread | None) -> dict[str, float] | None:
     if spread is None:
         return None
@@ -97,7 +94,7 @@ def _spread_json(spread: usage_series.Spread | None) -> dict[str, float] | None:
 
 
 def _bucket_json(bucket: usage_series.Bucket) -> dict[str, Any]:
-    return {"time": _time_json(bucket.start), "tasks": bucket.tasks, "cpuCores": round(bucket.cpu_cores, 3),
+    return {"time": utc_millis(bucket.start), "tasks": bucket.tasks, "cpuCores": round(bucket.cpu_cores, 3),
             "cpuPercent": _spread_json(bucket.cpu_percent), "memoryBytes": bucket.memory_bytes,
             "gpus": bucket.gpus, "gpuPercent": _spread_json(bucket.gpu_percent)}
 
@@ -119,7 +116,7 @@ def _job_metrics_summary(request: HttpRequest, username: str, name: str) -> Http
     return ok({"job": f"{job.owner.username}~{job.name}", "state": job.state, "attempt": number,
                "taskCount": tasks, "maxWindow": longest,
                "sampleSeconds": usage.sample_seconds(), "window": window, "bucketSeconds": series.width,
-               "from": _time_json(series.start), "until": _time_json(series.end),
+               "from": utc_millis(series.start), "until": utc_millis(series.end),
                "buckets": [_bucket_json(bucket) for bucket in series.buckets]})
 
 

@@ -47,6 +47,7 @@ from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from jobs.models import IdleGpus, JobAttempt, Node, TaskAttempt, TaskUsage, User, VirtualCluster
+from jobs.services.sql_time import EpochSeconds
 
 # Window (hours) -> bucket (minutes): about 70 to 100 points a graph.
 WINDOWS = {6: 5, 24: 15, 168: 120}
@@ -107,39 +108,6 @@ def _count_intervals(buckets: Buckets, intervals: Iterable[tuple[str, datetime, 
     return _spans_to_series(buckets.count, (
         (key, buckets.index(begin), buckets.index(end) if end is not None else buckets.count, weight)
         for key, begin, end, weight in intervals))
-
-
-class EpochSeconds(Func):
-    """A timestamp as whole seconds since 1970, rounded up (`up`) or down.
-
-    Written per database: Django has none portable, and its Trunc* functions
-    call back into Python for every row on SQLite. Bucket starts are whole
-    seconds, so a timestamp rounded up is after a bucket's start exactly
-    when the timestamp itself is."""
-
-    output_field = BigIntegerField()
-
-    def __init__(self, expression: Any, *, up: bool) -> None:
-        super().__init__(expression)
-        self.up = up
-
-    def as_sqlite(self, compiler, connection, **extra):
-        at, params = compiler.compile(self.source_expressions[0])
-        # Django stores 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC. The fraction is
-        # cut off as text: strftime() reads it to the millisecond, rounded,
-        # so 09:59:59.9999 would be 10:00:00.
-        seconds = f"CAST(strftime('%%s', substr({at}, 1, 19)) AS INTEGER)"
-        if not self.up:
-            return seconds, params
-        return f"({seconds} + (CAST(substr({at}, 21) AS INTEGER) > 0))", [*params, *params]
-
-    def as_postgresql(self, compiler, connection, **extra):
-        at, params = compiler.compile(self.source_expressions[0])
-        rounding = "CEIL" if self.up else "FLOOR"  # EXTRACT(EPOCH) is an exact numeric (PostgreSQL 14+)
-        return f"CAST({rounding}(EXTRACT(EPOCH FROM {at})) AS BIGINT)", params
-
-    def as_sql(self, compiler, connection, **extra):
-        raise NotSupportedError(f"EpochSeconds is written for SQLite and PostgreSQL, not {connection.vendor}")
 
 
 class MinuteOf(Func):

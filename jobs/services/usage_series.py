@@ -38,6 +38,7 @@ from django.db import connection
 from django.utils import timezone
 
 from jobs.models import TaskAttempt, TaskUsage
+from jobs.services.sql_time import epoch_seconds_sql
 
 # At most this many buckets in one answer: a graph a few hundred pixels wide
 # shows no more, and an hour of a job sampled every 5 s is 360 of 10 s.
@@ -155,14 +156,9 @@ def _time(epoch: int) -> datetime:
 
 def _bucket_sql(column: str) -> str:
     """The bucket number of a sample's time: whole seconds since the epoch,
-    divided by the width (the query's first parameter)."""
-    if connection.vendor == "postgresql":
-        return f"CAST(FLOOR(EXTRACT(EPOCH FROM {column}) / %s) AS BIGINT)"
-    # Django keeps SQLite times as UTC text, "YYYY-MM-DD HH:MM:SS.ffffff".
-    # Whole seconds cut from the text: SQLite's own time functions round to
-    # the millisecond, which put 09.9999 in the next bucket. Integers divide
-    # to an integer.
-    return f"(CAST(strftime('%%s', substr({column}, 1, 19)) AS INTEGER) / %s)"
+    divided by the width (the query's first parameter; integers divide to
+    an integer)."""
+    return f"({epoch_seconds_sql(column, connection.vendor)} / %s)"
 
 
 def _gpu_sql(position: int) -> str:

@@ -77,6 +77,18 @@ def port_spec(label: str) -> list[dict]:
     return [{"label": label, "beginAt": 0, "portNumber": 1}]
 
 
+def forwarder_answer(sock: Any) -> bytes:
+    """A node forwarder's answer line to a proof ("OK\\n" or "NO ...\\n"),
+    read a byte at a time so nothing after it is taken; short if it closed."""
+    answer = b""
+    while not answer.endswith(b"\n"):
+        byte = sock.recv(1)
+        if not byte:
+            break
+        answer += byte
+    return answer
+
+
 @contextmanager
 def portal_in_thread() -> Iterator[str]:
     """portal.asgi's application under uvicorn with the gunicorn worker's

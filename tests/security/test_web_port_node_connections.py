@@ -29,7 +29,7 @@ from jobs.node.webforward import REFUSED_PROOF
 from jobs.services import webports
 from tests.cluster import wait_for
 from tests.helpers import login, stop_node_agent
-from tests.task_hosts import TaskHostClient, follow_to_task_host, running_app
+from tests.task_hosts import TaskHostClient, follow_to_task_host, forwarder_answer, running_app
 
 pytestmark = pytest.mark.services
 
@@ -69,22 +69,12 @@ def _proof(attempt) -> bytes:
     return webports.forward_proof_line(node_name=NODE, attempt_id=attempt.pk, port=attempt.ports[LABEL][0])
 
 
-def _answer(sock: socket.socket) -> bytes:
-    line = b""
-    while not line.endswith(b"\n"):
-        byte = sock.recv(1)
-        if not byte:
-            break
-        line += byte
-    return line
-
-
 def _held(attempt) -> socket.socket:
     """A connection through the forwarder to the app's /stream, which the
     app holds open for a minute once its first line is sent."""
     sock = socket.create_connection(_forwarder(attempt), timeout=20)
     sock.sendall(_proof(attempt))
-    assert _answer(sock) == b"OK\n"
+    assert forwarder_answer(sock) == b"OK\n"
     sock.sendall(b"GET /stream HTTP/1.0\r\nHost: task\r\n\r\n")
     seen = b""
     while b"first line\n" not in seen:
@@ -109,7 +99,7 @@ def test_a_nodes_forwarder_takes_so_many_connections_to_one_users_tasks(two_apps
         # portal (the owner's or an admin's: the count is the task owner's).
         with socket.create_connection(_forwarder(attempt), timeout=20) as sock:
             sock.sendall(_proof(attempt))
-            refused = _answer(sock)
+            refused = forwarder_answer(sock)
             assert refused.startswith(b"NO busy: ") and b"WEB_PORT_NODE_CONNECTIONS_PER_USER" in refused, refused
             assert sock.recv(1024) == b""  # and closed
         for someone in (client, admin):
@@ -124,7 +114,7 @@ def test_a_nodes_forwarder_takes_so_many_connections_to_one_users_tasks(two_apps
         # proof), at the task host and at the portal, another user at the portal.
         with socket.create_connection(_forwarder(attempt), timeout=20) as sock:
             sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
-            assert _answer(sock) == REFUSED_PROOF
+            assert forwarder_answer(sock) == REFUSED_PROOF
         assert TaskHostClient(base, client.host).get("/echo").status_code == 403
         anonymous = requests.get(base + _link(attempt), allow_redirects=False, proxies={"http": ""})
         assert anonymous.status_code == 302 and "/login/" in anonymous.headers["Location"]

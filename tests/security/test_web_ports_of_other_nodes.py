@@ -29,7 +29,7 @@ from jobs.node.webforward import Nonces
 from jobs.services import webports
 from tests.cluster import wait_for
 from tests.helpers import config, lines, login, new_user, role, running_attempt, submit, wait_state
-from tests.task_hosts import follow_to_task_host, port_spec
+from tests.task_hosts import follow_to_task_host, forwarder_answer, port_spec
 
 LABEL = "http"
 # busybox httpd on the task's http port: a page, and a CGI that sends one
@@ -74,12 +74,7 @@ def _knock(address: tuple[str, int], line: bytes, then: bytes = b"") -> tuple[by
     """(the forwarder's answer, what came back for `then` until it closed)."""
     with socket.create_connection(address, timeout=20) as sock:
         sock.sendall(line)
-        answer = b""
-        while not answer.endswith(b"\n"):
-            byte = sock.recv(1)
-            if not byte:
-                break
-            answer += byte
+        answer = forwarder_answer(sock)
         if answer != b"OK\n":
             assert sock.recv(1024) == b""  # and closed
             return answer, b""

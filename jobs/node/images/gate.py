@@ -238,7 +238,7 @@ class ImageGate:
                 _outcome_of_wait(work, stopped, image, auth, pulled)
             self._settle(outcome, note=note, attempt_id=attempt_id, stopped=stopped, can_wait=False)
             return
-        aside = _Aside()
+        underway = _Aside()
 
         def run() -> None:
             try:
@@ -247,24 +247,24 @@ class ImageGate:
             finally:
                 connection.close()  # this thread's own, opened by the pull's record
             with self._lock:
-                aside.outcome = outcome
-                aside.done.set()
-                hand_back = aside.set_aside and self._underway.pop(attempt_id, None) is aside
+                underway.outcome = outcome
+                underway.done.set()
+                hand_back = underway.set_aside and self._underway.pop(attempt_id, None) is underway
                 if hand_back:
                     self._outcomes[attempt_id] = outcome
             if hand_back:
                 self._relaunch(attempt_id)
 
         threading.Thread(target=run, name=f"image-{image[:40]}", daemon=True).start()
-        aside.done.wait(ASIDE_AFTER_SECONDS)
+        underway.done.wait(ASIDE_AFTER_SECONDS)
         with self._lock:
-            set_aside = not aside.done.is_set()
+            set_aside = not underway.done.is_set()
             if set_aside:
-                aside.set_aside = True
-                self._underway[attempt_id] = aside
+                underway.set_aside = True
+                self._underway[attempt_id] = underway
         if set_aside:
             self._set_aside(attempt_id, stopped, LaunchSetAside())
-        self._settle(aside.outcome, note=note, attempt_id=attempt_id, stopped=stopped, can_wait=True)
+        self._settle(underway.outcome, note=note, attempt_id=attempt_id, stopped=stopped, can_wait=True)
 
     def _set_aside(self, attempt_id: int, stopped: Callable[[], bool] | None, aside: LaunchSetAside) -> NoReturn:
         """Raise `aside`, the attempt now set aside here; unless its task was

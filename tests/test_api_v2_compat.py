@@ -113,6 +113,17 @@ def test_it_lists_the_sku_types_of_the_cluster_and_of_a_virtual_cluster(alice, g
     assert api.get("/rest-server/api/v2/cluster/sku-types").json()[gpu_nodes]["gpu"] == 1
 
 
+def test_a_sku_type_has_at_least_one_cpu_where_gpus_outnumber_cpus(alice):
+    # 8 GPUs on 2 CPUs would be 0.25 CPU a GPU; a v2 task role's cpu is a
+    # whole number of at least 1, so a unit of 0 would build refused configs.
+    kind = f"sku-{uuid.uuid4().hex[:6]}"
+    node = make_node(f"sku-c-{kind}", gpus=[kind] * 8, cpus=2, memory_mb=16384)
+    try:
+        assert _api(alice).get("/api/v2/cluster/sku-types").json()[kind] == {"cpu": 1, "memory": 2048, "gpu": 1}
+    finally:
+        node.delete()
+
+
 def test_sku_types_need_a_signed_in_caller_and_leave_out_nodes_not_ready(alice, gpu_nodes):
     assert Client().get("/api/v2/cluster/sku-types").status_code == 401
     Node.objects.filter(name__endswith=gpu_nodes).update(last_heartbeat=timezone.now() - timedelta(days=1))

@@ -90,7 +90,12 @@ def sku_types(*, vc: str | None = None) -> dict[str, SkuType] | None:
     """Each GPU type on the ready nodes, with the CPUs and memory one GPU of
     it comes with on the smallest node that has it: a task asking that much
     per GPU fits anywhere the type is. With `vc`, only the types that
-    virtual cluster has a share of; None when there is no such cluster."""
+    virtual cluster has a share of; None when there is no such cluster.
+
+    A unit has at least one CPU, even on a node with more GPUs of the type
+    than CPUs: a v2 task role asks for a whole CPU or more, so a unit of 0
+    would make every config built from it (cpu = skuNum x unit) refused.
+    On such a node fewer one-GPU tasks than GPUs fit at once."""
     if vc is not None and not VirtualCluster.objects.filter(name=vc).exists():
         return None
     states = ready_node_states()
@@ -98,7 +103,7 @@ def sku_types(*, vc: str | None = None) -> dict[str, SkuType] | None:
     for state in states:
         counts = Counter(state.gpus.values())
         for kind, count in counts.items():
-            unit = SkuType(cpus=state.cpus // count, memory_mb=state.memory_mb // count)
+            unit = SkuType(cpus=max(1, state.cpus // count), memory_mb=state.memory_mb // count)
             known = units.get(kind)
             units[kind] = unit if known is None else SkuType(
                 cpus=min(known.cpus, unit.cpus), memory_mb=min(known.memory_mb, unit.memory_mb))

@@ -46,3 +46,12 @@ def test_a_tag_on_another_users_job_page_links_an_admin_to_that_users_jobs_with_
     assert row_names(client.get(link)) == ["admins_view"]  # it listed the admin's own "admins_own"
     # The owner's link stays the plain one.
     assert 'href="/?tag=red"' in client_for(alice).get(f"/jobs/{job.pk}/").content.decode()
+
+
+def test_a_search_longer_than_a_job_name_finds_nothing_rather_than_its_first_part(alice):
+    # It was cut to 128 characters, and then found the job named so.
+    ended_job(alice, "a" * 128)
+    page = client_for(alice).get("/", {"q": "a" * 200})
+    assert page.status_code == 200 and row_names(page) == []
+    assert "a" * 200 in page.content.decode()  # kept in the search box as typed
+    assert row_names(client_for(alice).get("/", {"q": "a" * 128})) == ["a" * 128]

@@ -137,6 +137,12 @@ class JobFilters:
         return replace(self, sort=DEFAULT_SORT, now=None) == JobFilters()
 
 
+# What of a search the page keeps (in its box and links). A longer one than
+# a job's name cannot match a name, and is kept long enough that it is not
+# cut down to one that could: it finds nothing, as REST v2's keyword.
+SEARCH_MAX_LENGTH = 256
+
+
 def filters_from(params: QueryDict, *, viewer: User) -> JobFilters:
     """Filters from a query string; anything unknown falls back to its default
     (a bookmarked URL with a stale value still shows a page)."""
@@ -153,7 +159,7 @@ def filters_from(params: QueryDict, *, viewer: User) -> JobFilters:
     # given, and its link here must find the job, as tagsContain does.
     tag = params.get("tag", "")
     return JobFilters(status=status, user=user, vc=params.get("vc", "").strip()[:64],
-                      q=params.get("q", "").strip()[:128], tag=tag[:JobTag.MAX_LENGTH] if tag.strip() else "",
+                      q=params.get("q", "").strip()[:SEARCH_MAX_LENGTH], tag=tag[:JobTag.MAX_LENGTH] if tag.strip() else "",
                       sort=sort)
 
 
@@ -196,6 +202,8 @@ def _fts_phrase(text: str) -> str:
 def _searched(jobs, owner: Q, q: str):
     """`jobs` whose name holds `q`, case-blind and literally ("_" and "%" are
     characters), or whose id it is ("#123" or "123")."""
+    if len(q) > Job._meta.get_field("name").max_length:
+        return jobs.none()  # no name holds it, and no id is that long
     vendor = connections[jobs.db].vendor
     # On SQLite, everyone's jobs are searched through the names' trigram index
     # (migration 0015) from three characters on: it finds the matches without

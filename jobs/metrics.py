@@ -41,7 +41,6 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Max, Model, OuterRef, Subquery
-from django.utils import timezone
 from prometheus_client.utils import floatToGoString
 
 from jobs import queues
@@ -61,6 +60,7 @@ from jobs.models import (
     VirtualCluster,
 )
 from jobs.services.nodes import placement_cutoff
+from jobs.services.sql_time import database_now
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def _last_id_handed_out(model: type[Model]) -> int:
 
 
 def snapshot() -> Snapshot:
-    now = timezone.now()
+    now = database_now()  # heartbeats' clock (services/sql_time.py)
     vcs = dict(VirtualCluster.objects.values_list("id", "name"))
     jobs = {(state, vc): n for state, vc, n in
             Job.objects.order_by().values_list("state", "virtual_cluster_id").annotate(n=Count("id"))}

@@ -8,7 +8,7 @@ State changes go through jobs/services.py with conditional UPDATEs.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
@@ -302,8 +302,10 @@ class Node(models.Model):
         Never docker info's ID, which collides on cloned machines."""
         return self.engine_marker or f"node-{self.pk}"
 
-    def heartbeat_fresh(self, now=None) -> bool:
-        now = now or timezone.now()
+    def heartbeat_fresh(self, now: datetime) -> bool:
+        """Whether the node was heard from within NODE_LOST_AFTER_SECONDS of
+        `now`, which is the database's clock (services/sql_time.py
+        database_now), as heartbeats are stamped."""
         if self.last_heartbeat is None:
             return False
         return now - self.last_heartbeat <= timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)

@@ -13,6 +13,7 @@ from django.db.models import Count
 from jobs import scheduler
 from jobs.models import ACTIVE_TASK_STATES, GpuAllocation, Job, Node, State, TaskAttempt, VirtualCluster
 from jobs.services.scheduling import job_request, node_states, quotas, ready_nodes, spec_request
+from jobs.services.sql_time import database_now
 from jobs.spec import JobSpec
 
 
@@ -121,9 +122,11 @@ class NodeUsage:
     memory_mb: Amount
     gpus: list[tuple[int, str, bool]]  # (index, type, in use)
     running_tasks: int
+    heartbeat_fresh: bool  # by the database's clock, as heartbeats are stamped
 
 
 def node_usage() -> list[NodeUsage]:
+    now = database_now()
     ready_ids = {n.pk for n in ready_nodes()}
     nodes = list(Node.objects.all())
     snapshot = {s.id: s for s in node_states(nodes)}
@@ -139,7 +142,7 @@ def node_usage() -> list[NodeUsage]:
             node=node, ready=node.pk in ready_ids, cpus=Amount(s.used_cpus, s.cpus),
             memory_mb=Amount(s.used_memory_mb, s.memory_mb),
             gpus=[(int(g["index"]), g["type"], (node.pk, int(g["index"])) in used_gpus) for g in node.gpus],
-            running_tasks=tasks.get(node.pk, 0),
+            running_tasks=tasks.get(node.pk, 0), heartbeat_fresh=node.heartbeat_fresh(now),
         ))
     return result
 

@@ -20,6 +20,7 @@ from django.utils import timezone
 from jobs import queues
 from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, PortAllocation, TaskAttempt, User, VirtualCluster
 from jobs.services.lifecycle import ContainerExit, attempt_record_exit
+from jobs.services.sql_time import database_now
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def node_register(info: NodeInfo) -> Node:
         "address": info.address, "docker_host": info.docker_host, "engine_id": info.engine_id,
         "cpus": info.cpus, "memory_mb": info.memory_mb, "gpus": info.gpus, "gpus_simulated": info.gpus_simulated,
         "port_start": info.port_start, "port_end": info.port_end, "agent_pid": info.agent_pid,
-        "agent_host": info.agent_host, "last_heartbeat": timezone.now(), "engine_marker": info.engine_marker,
+        "agent_host": info.agent_host, "last_heartbeat": database_now(), "engine_marker": info.engine_marker,
     }
     with transaction.atomic():
         lock_passes()  # no pass reads the ports between the node's move and theirs
@@ -117,8 +118,9 @@ def node_heartbeat(node_id: int, *, back_ready: Callable[[], bool] = lambda: Tru
     """False if the node row is gone (an admin deleted it). A lost node
     that beats again is ready once `back_ready()` agrees: a node that was
     cut off, not down, may still run the tasks given up meanwhile, and what
-    they hold (GPUs, ports) must not be handed out until they are stopped."""
-    now = timezone.now()
+    they hold (GPUs, ports) must not be handed out until they are stopped.
+    Stamped by the database's clock, as every heartbeat is judged by it."""
+    now = database_now()
     if Node.objects.filter(pk=node_id, status=Node.Status.LOST).exists() and back_ready():
         Node.objects.filter(pk=node_id, status=Node.Status.LOST).update(status=Node.Status.READY)
     return Node.objects.filter(pk=node_id).update(last_heartbeat=now) == 1
@@ -135,7 +137,7 @@ def node_leave(node_id: int, agent_pid: int) -> None:
 def placement_cutoff(now: datetime | None = None) -> datetime:
     """Nodes heard from after this may get new tasks: a node that missed a
     few heartbeats gets no new work even before it is declared lost."""
-    now = now or timezone.now()
+    now = now or database_now()
     window = min(settings.NODE_LOST_AFTER_SECONDS, 3 * settings.NODE_HEARTBEAT_SECONDS + 1)
     return now - timedelta(seconds=window)
 
@@ -182,9 +184,10 @@ def nodes_mark_lost_if_due() -> list[str]:
 def nodes_mark_lost(now: datetime | None = None) -> list[str]:
     """Nodes whose heartbeat stopped are lost; their tasks end as failed
     with a platform reason (and their jobs retry if they may). Only silence
-    this process watched for the whole window counts (_Watch)."""
+    this process watched for the whole window counts (_Watch). Judged by
+    the database's clock, as heartbeats are stamped: this host's may be off."""
     _watch.last_look = time.monotonic()
-    now = now or timezone.now()
+    now = now or database_now()
     window = timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
     cutoff = now - window
     stale = list(Node.objects.filter(status=Node.Status.READY).filter(
@@ -232,7 +235,8 @@ def engine_identity_conflicts(nodes: list[Node] | None = None) -> list[str]:
     each other's job-network addresses, which do not route between hosts)."""
     if nodes is None:
         nodes = list(Node.objects.filter(status=Node.Status.READY))
-    live = [n for n in nodes if n.status == Node.Status.READY and n.heartbeat_fresh()]
+    now = database_now()
+    live = [n for n in nodes if n.status == Node.Status.READY and n.heartbeat_fresh(now)]
     warnings: list[str] = []
     by_id: dict[str, list[Node]] = {}
     by_marker: dict[str, list[Node]] = {}

@@ -6,6 +6,7 @@ node machine trades a join token for its settings (scripts/join-node).
 from __future__ import annotations
 
 from django.db.models import Count
+from datetime import datetime
 from django.http import HttpRequest, HttpResponse
 
 from jobs.api.auth import Access
@@ -14,6 +15,7 @@ from jobs.api.http import handler, int_param, json_body, ok, resource, string_pa
 from jobs.models import ACTIVE_TASK_STATES, Node, NodeJoinToken, TaskAttempt
 from jobs.services import join_tokens, nodes, ratelimit
 from jobs.services.node_settings import node_settings, node_settings_warnings
+from jobs.services.sql_time import database_now
 
 # Failed joins count under this kind, per client address only: guessing
 # tokens from one address is held up like guessing passwords, and no one's
@@ -21,13 +23,13 @@ from jobs.services.node_settings import node_settings, node_settings_warnings
 JOIN_LIMIT_NAME = "node-join"
 
 
-def _node_json(node: Node, active: int) -> dict:
+def _node_json(node: Node, active: int, now: datetime) -> dict:
     return {
         "name": node.name, "address": node.address, "status": node.status,
         "state": nodes.node_display_state(node, active), "schedulable": node.schedulable,
         "drainMode": node.drain_mode or None, "cordonedBy": node.cordoned_by or None,
         "cordonedAt": node.cordoned_at.isoformat() if node.cordoned_at else None,
-        "activeTasks": active, "heartbeatFresh": node.heartbeat_fresh(),
+        "activeTasks": active, "heartbeatFresh": node.heartbeat_fresh(now),
         "lastHeartbeat": node.last_heartbeat.isoformat() if node.last_heartbeat else None,
         "cpus": node.cpus, "memoryMB": node.memory_mb, "gpus": node.gpus, "gpusSimulated": node.gpus_simulated,
         "engineId": node.engine_id, "engineMarker": node.engine_marker,
@@ -48,13 +50,13 @@ def _node(name: str) -> Node:
 
 def _one(node: Node) -> HttpResponse:
     active = TaskAttempt.objects.filter(node=node, state__in=ACTIVE_TASK_STATES).count()
-    return ok(_node_json(node, active))
+    return ok(_node_json(node, active, database_now()))
 
 
 @handler(Access.ADMIN)
 def _list(request: HttpRequest) -> HttpResponse:
-    counts = _active_counts()
-    return ok({"nodes": [_node_json(n, counts.get(n.pk, 0)) for n in Node.objects.all()],
+    counts, now = _active_counts(), database_now()
+    return ok({"nodes": [_node_json(n, counts.get(n.pk, 0), now) for n in Node.objects.all()],
                "warnings": nodes.engine_identity_conflicts()})
 
 

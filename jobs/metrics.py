@@ -60,7 +60,7 @@ from jobs.models import (
     VirtualCluster,
 )
 from jobs.services.nodes import placement_cutoff
-from jobs.services.sql_time import database_now
+from jobs.services.db_clock import database_now
 
 log = logging.getLogger(__name__)
 

@@ -304,7 +304,7 @@ class Node(models.Model):
 
     def heartbeat_fresh(self, now: datetime) -> bool:
         """Whether the node was heard from within NODE_LOST_AFTER_SECONDS of
-        `now`, which is the database's clock (services/sql_time.py
+        `now`, which is the database's clock (services/db_clock.py
         database_now), as heartbeats are stamped."""
         if self.last_heartbeat is None:
             return False

@@ -25,7 +25,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.utils import timezone
 from rq import SimpleWorker
 from rq.exceptions import StopRequested
 
@@ -40,7 +39,7 @@ from jobs.node.notifier import NotificationSender
 from jobs.node.runner import Runner
 from jobs.node.staging import expire_kept_outputs, stage_root
 from jobs.node.usage import UsageSampler
-from jobs.services import notifications
+from jobs.services import db_clock, notifications
 from jobs.node.watcher import TaskWatcher
 from jobs.node.webforward import WebForwarder
 
@@ -347,7 +346,8 @@ class NodeAgent:
             if attempt.state == TaskState.ASSIGNED:
                 services.attempt_claim_launch(attempt_id)
             if attempt.state in (TaskState.ASSIGNED, TaskState.LAUNCHING):
-                services.attempt_mark_running(attempt_id, container_id=container.id, started_at=container.started_at)
+                services.attempt_mark_running(attempt_id, container_id=container.id,
+                                              started_at=db_clock.from_local(container.started_at))
             self.watchers.watch(attempt_id, container.id)
             self._stop_if_asked(attempt, container)
         return seen
@@ -367,7 +367,7 @@ class NodeAgent:
     def _relaunch_missing(self, seen: set[int], *, fresh_start: bool) -> None:
         """Active tasks of this node with no container: launch requests lost
         with Redis are sent again; launches cut off by a crash are retried."""
-        now = timezone.now()
+        now = db_clock.now()  # as the pass that assigned them and the agent that launched them
         active = TaskAttempt.objects.filter(node_id=self.node.pk, state__in=ACTIVE_TASK_STATES).exclude(pk__in=seen)
         for attempt in active:
             if self.watchers.is_watching(attempt.pk) or self.runner.is_launching(attempt.pk):

@@ -44,11 +44,11 @@ from itertools import repeat
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 from django.db.models import Sum
-from django.utils import timezone
 
 from jobs import services
 from jobs.logs import last_seq
 from jobs.models import Job, LogCursor, LogLine, Stream, TaskAttempt
+from jobs.services import db_clock
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024
@@ -305,7 +305,7 @@ class LogWriter:
         with the next batch; `barrier()` waits for it like for lines. Taken
         at once however full the writer is (notes are few and short, and
         not counted toward its bound)."""
-        self._queue.put(_Note(attempt_id, f"{timezone.now():%Y-%m-%d %H:%M:%S}Z {text}"))
+        self._queue.put(_Note(attempt_id, f"{db_clock.now():%Y-%m-%d %H:%M:%S}Z {text}"))
 
     def barrier(self, timeout: float = 30.0) -> bool:
         """Wait until every line and note handed over so far is committed."""
@@ -410,7 +410,7 @@ class LogWriter:
         keys = {(item.attempt_id, item.stream if isinstance(item, _Batch) else Stream.PLATFORM) for item in items}
         with self._lock:
             states = {key: _StreamState(**vars(self._states[key])) for key in keys if key in self._states}
-        now = timezone.now()
+        now = db_clock.now()
         with transaction.atomic():
             room = self._job_room({item.attempt_id for item in items if isinstance(item, _Batch)})
             for item in items:

@@ -32,6 +32,7 @@ from jobs.node import launcher
 from jobs.node.context import NodeContext
 from jobs.node.images import ImageGate, LaunchSetAside, PullSlots, RepositoryRecord, resolve_host
 from jobs.node.staging import CodeStager, owner_reader, stage_folder
+from jobs.services import db_clock
 from jobs.services.access import ensure_job_key_pair
 from jobs.spec import JobSpec
 from jobs.spec.v2 import plugin_ssh_keys
@@ -343,9 +344,10 @@ class Runner:
             return
         timing.mark("run")
         # The engine's own StartedAt (not "now"): a short task may have ended
-        # already, and its FinishedAt must not come before its start.
+        # already, and its FinishedAt must not come before its start. On
+        # the cluster's clock, as the FinishedAt will be (watcher.py).
         state = self.engine.state(container_id)
-        started = state.started_at if state else None
+        started = db_clock.from_local(state.started_at) if state else None
         if not services.attempt_mark_running(attempt_id, container_id=container_id, started_at=started):
             # Given up meanwhile (its node was declared lost): do not leave it running.
             self.engine.remove(container_id)

@@ -24,12 +24,11 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.utils import timezone
 
 from jobs import queues
 from jobs.node.context import NodeContext
 from jobs.node.launcher import ContainerUsage
-from jobs.services import usage
+from jobs.services import db_clock, usage
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ class UsageSampler:
         the last round; returns the samples written (in one INSERT)."""
         tasks = usage.running_on_node(self.ctx.node.pk)
         readings = self.ctx.engine.usage([task.container_id for task in tasks])
-        now_ns, at = self._clock(), timezone.now()
+        now_ns, at = self._clock(), db_clock.now()
         gpus = self._gpu_reader()
         samples = []
         for task in tasks:

@@ -22,6 +22,7 @@ from jobs.node.follower import Entries
 from jobs.node.launcher import ContainerState
 from jobs.node.logwriter import LineAssembler
 from jobs.node.staging import output_target, owner_reader, upload_output
+from jobs.services import db_clock
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class TaskWatcher:
             result = services.ContainerExit(None, exit_type=ExitType.PLATFORM, error="the container disappeared")
         else:
             result = services.ContainerExit(state.exit_code, oom_killed=state.oom_killed, error=state.error,
-                                            finished_at=state.finished_at)
+                                            finished_at=db_clock.from_local(state.finished_at))
             if attempt.job.upload_outputs and attempt.is_active:
                 self._upload_outputs(attempt)
             elif attempt.job.upload_outputs:

@@ -13,7 +13,7 @@ from django.db.models import Count
 from jobs import scheduler
 from jobs.models import ACTIVE_TASK_STATES, GpuAllocation, Job, Node, State, TaskAttempt, VirtualCluster
 from jobs.services.scheduling import job_request, node_states, quotas, ready_nodes, spec_request
-from jobs.services.sql_time import database_now
+from jobs.services.db_clock import database_now
 from jobs.spec import JobSpec
 
 

@@ -14,7 +14,6 @@ from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F, Max, Q
-from django.utils import timezone
 
 from jobs import exit_spec, queues
 from jobs.completion import Outcome, TaskResult, Trigger, Verdict, judge
@@ -31,7 +30,7 @@ from jobs.models import (
     TaskState,
     User,
 )
-from jobs.services import notifications
+from jobs.services import db_clock, notifications
 
 
 class JobStateError(Exception):
@@ -51,7 +50,7 @@ def job_stop(*, job: Job, by: User) -> Job:
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.is_final:
             raise JobStateError(f"the job has already ended ({job.get_state_display()})")
-        now = timezone.now()
+        now = db_clock.now()
         reason = f"stopped by {by.username}"
         if job.state == State.WAITING:
             _finish_job(job, State.STOPPED, ExitType.USER_STOP, reason, None, now, Trigger(reason))
@@ -78,7 +77,7 @@ def job_reclaim_idle_gpus(*, job_id: int, number: int) -> bool:
     attempt `number` (stopped, finished or retried meanwhile)."""
     stops: list[tuple[str, int]] = []
     with transaction.atomic():
-        now = timezone.now()
+        now = db_clock.now()
         if not Job.objects.filter(pk=job_id, state=State.RUNNING, attempt_number=number).update(
                 state=State.STOPPING, stop_requested_at=now):
             return False
@@ -105,7 +104,7 @@ def _send_stops(stops: list[tuple[str, int]]) -> None:
 def _stop_attempt_tasks(job: Job, reason: str, stops: list[tuple[str, int]]) -> None:
     """Stop every active task of the job: unlaunched ones in the database,
     launched ones by asking their node agents (collected in `stops`)."""
-    now = timezone.now()
+    now = db_clock.now()
     active = TaskAttempt.objects.filter(job=job, state__in=ACTIVE_TASK_STATES)
     # Locked as listed: an agent's claim of one for launch (which takes no
     # job lock) committed between the list and the UPDATE would leave a
@@ -182,7 +181,7 @@ def attempt_claim_launch(attempt_id: int) -> bool:
     """The node agent takes an assigned task to launch it; False if someone
     else did, or it was stopped meanwhile."""
     return TaskAttempt.objects.filter(pk=attempt_id, state=TaskState.ASSIGNED).update(
-        state=TaskState.LAUNCHING, launched_at=timezone.now()
+        state=TaskState.LAUNCHING, launched_at=db_clock.now()
     ) == 1
 
 
@@ -199,7 +198,7 @@ def attempt_unclaim(attempt_id: int) -> bool:
 
 
 def attempt_mark_running(attempt_id: int, *, container_id: str, started_at: datetime | None = None) -> bool:
-    started_at = started_at or timezone.now()
+    started_at = started_at or db_clock.now()
     with transaction.atomic():
         attempt = TaskAttempt.objects.only("job_id", "number").filter(pk=attempt_id).first()
         if attempt is None:
@@ -276,7 +275,7 @@ def attempt_record_exit(attempt_id: int, result: ContainerExit) -> bool:
         job = Job.objects.select_for_update().select_related("owner").get(pk=job_id)
         attempt = TaskAttempt.objects.select_related("task").get(pk=attempt_id)
         state, exit_type, reason = _classify(attempt, result, attempt.memory_mb)
-        now = result.finished_at or timezone.now()
+        now = result.finished_at or db_clock.now()
         updated = TaskAttempt.objects.filter(pk=attempt_id, state__in=ACTIVE_TASK_STATES).update(
             state=state, exit_type=exit_type, exit_code=result.exit_code, exit_reason=reason, finished_at=now,
             kept_for_debug=False,

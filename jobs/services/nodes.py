@@ -20,7 +20,7 @@ from django.utils import timezone
 from jobs import queues
 from jobs.models import ACTIVE_TASK_STATES, ExitType, Node, PortAllocation, TaskAttempt, User, VirtualCluster
 from jobs.services.lifecycle import ContainerExit, attempt_record_exit
-from jobs.services.sql_time import database_now
+from jobs.services.db_clock import database_now
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.expressions import RawSQL
-from django.utils import timezone
 
 from jobs import queues, scheduler
 from jobs.environment import platform_port_labels
@@ -42,7 +41,7 @@ from jobs.models import (
     TaskAttempt,
     VirtualCluster,
 )
-from jobs.services import limits, notifications
+from jobs.services import db_clock, limits, notifications
 from jobs.services import rows as rows_sql
 from jobs.services.nodes import lock_passes as _lock_passes
 from jobs.services.nodes import nodes_mark_lost_if_due, placement_cutoff
@@ -538,7 +537,7 @@ def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -
     _attempts_running(starts)
     tasks = {(job_id, role, index): pk for job_id, role, index, pk in Task.objects.filter(
         job_id__in=_among(job_ids)).values_list("job_id", "role", "index", "pk")}
-    now = timezone.now()
+    now = db_clock.now()  # the agents that launch these compare it with their own (corrected) clocks
     rows: list[dict[str, Any]] = []
     placements: list[scheduler.Placement] = []
     for start in starts:

@@ -2,19 +2,14 @@
 PostgreSQL: Django has none portable, and its Trunc* functions call back
 into Python for every row on SQLite. The admin dashboard counts its buckets
 with it (services/dashboard.py), the job-wide usage summary its own
-(services/usage_series.py).
-
-And the database server's clock (`database_now`), which node heartbeats
-are stamped and judged by."""
+(services/usage_series.py)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from django.db import NotSupportedError, connection
+from django.db import NotSupportedError
 from django.db.models import BigIntegerField, Func
-from django.utils import timezone
 
 
 def epoch_seconds_sql(at: str, vendor: str, *, up: bool = False) -> str:
@@ -48,21 +43,3 @@ class EpochSeconds(Func):
         at, params = compiler.compile(self.source_expressions[0])
         twice = self.up and connection.vendor == "sqlite"
         return epoch_seconds_sql(at, connection.vendor, up=self.up), [*params, *params] if twice else params
-
-
-def database_now() -> datetime:
-    """The database server's clock, which every process of the portal
-    shares, where a host's own clock may be off by any amount.
-
-    Heartbeats are stamped and judged with it: a node agent stamped its
-    node's heartbeat and declared other nodes lost by its own clock, so one
-    node whose clock ran NODE_LOST_AFTER_SECONDS ahead would have declared
-    every other node lost and failed their tasks, and one that far behind
-    would have been declared lost at every check. On SQLite the database
-    is a library in this process and its clock is this host's, as is every
-    process's that can open the file."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT statement_timestamp()")  # not now(): a transaction's start
-            return cursor.fetchone()[0]
-    return timezone.now()

@@ -15,7 +15,7 @@ from jobs.api.http import handler, int_param, json_body, ok, resource, string_pa
 from jobs.models import ACTIVE_TASK_STATES, Node, NodeJoinToken, TaskAttempt
 from jobs.services import join_tokens, nodes, ratelimit
 from jobs.services.node_settings import node_settings, node_settings_warnings
-from jobs.services.sql_time import database_now
+from jobs.services.db_clock import database_now
 
 # Failed joins count under this kind, per client address only: guessing
 # tokens from one address is held up like guessing passwords, and no one's

@@ -48,7 +48,7 @@ from tests import settings as test_settings
 from tests.cluster import ROOT, process_env, wait_for
 from tests.postgres_server import PostgresServer
 from tests.services import BUSYBOX_IMAGE
-from tests.settings import RUN_ID, TEST_VAR
+from tests.settings import RUN_ID, SLOT_LOCKS, TEST_VAR
 
 SLOT: int = test_settings._slot
 PREFIX = f"pmh{SLOT}-"  # never "pai-": node agents' firewall matches bridges named pai-+
@@ -265,7 +265,7 @@ def _free_slots() -> set[int]:
     import fcntl
 
     free = {SLOT}
-    for lock in TEST_VAR.parent.glob("slot-*.lock"):
+    for lock in SLOT_LOCKS.glob("slot-*.lock"):
         number = lock.stem.removeprefix("slot-")
         if not number.isdigit() or int(number) == SLOT:
             continue

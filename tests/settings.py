@@ -17,14 +17,26 @@ RUN_ID = os.environ.get("PORTAL_TEST_RUN") or str(os.getpid())
 _SLOTS = 18
 
 
+# The slots' lock files, for every checkout on this machine: host ports,
+# network namespaces and subnets are the machine's, not a checkout's. Under
+# each checkout's var/test, a run in one clone (a CI run) and a run in
+# another took the same slot, and the second's PostgreSQL found its port
+# taken.
+SLOT_LOCKS = Path("/tmp/portal-test-slots")
+
+
 def _take_slot() -> int:
-    """A slot (host ports, subnets) no other live test run holds: each run
-    keeps an exclusive lock on its slot's file until it exits. A slot from the
-    pid alone let two runs whose pids matched modulo 18 share ports."""
+    """A slot (host ports, subnets) no other live test run on this machine
+    holds: each run keeps an exclusive lock on its slot's file until it
+    exits. A slot from the pid alone let two runs whose pids matched modulo
+    18 share ports."""
     import fcntl
 
-    folder = _ROOT / "var" / "test"
-    folder.mkdir(parents=True, exist_ok=True)
+    (_ROOT / "var" / "test").mkdir(parents=True, exist_ok=True)
+    folder = SLOT_LOCKS
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o1777)  # as /tmp: any user's runs share it, none removes another's lock
     start = int(RUN_ID) % _SLOTS if RUN_ID.isdigit() else 0
     for step in range(_SLOTS):
         slot = (start + step) % _SLOTS

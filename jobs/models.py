@@ -677,6 +677,52 @@ class TaskUsage(models.Model):
         ordering = ["attempt", "at"]
 
 
+class JobUsageMinute(models.Model):
+    """A job attempt's tasks added up over one minute of their samples, as
+    the job-wide usage summary adds up a one-minute bucket, so that a summary
+    reads a row a minute whatever the task count (jobs/services/usage_rollup.py
+    writes them, usage_series.py reads them). Sums and counts, not only
+    means, so minutes add up into wider buckets: each task counts once a
+    minute, as the mean of its samples there, and each of its GPUs likewise.
+    A row is only as fresh as its minute's UsageMinuteMark says: a minute
+    with a mark has samples newer than its row (or no row yet)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    number = models.PositiveIntegerField(help_text="The job attempt.")
+    minute = models.BigIntegerField(help_text="Whole minutes since 1970-01-01 UTC.")
+    tasks = models.PositiveIntegerField(help_text="Tasks with a sample in the minute.")
+    cpu_sum = models.FloatField(help_text="Their CPU percent (each its mean) summed; 100 = one core.")
+    cpu_min = models.FloatField()
+    cpu_max = models.FloatField()
+    memory_sum = models.FloatField(help_text="Their memory in bytes (each its mean) summed.")
+    gpus = models.PositiveIntegerField(default=0, help_text="Their GPUs with figures.")
+    gpu_sum = models.FloatField(default=0.0, help_text="Those GPUs' utilisation percent (each its mean) summed.")
+    gpu_min = models.FloatField(null=True, blank=True)
+    gpu_max = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "number", "minute"], name="job_usage_minute_unique")]
+        indexes = [models.Index(fields=["minute"], name="job_usage_minute_idx")]  # deleting old ones
+
+
+class UsageMinuteMark(models.Model):
+    """A job attempt's minute whose samples changed since it was last rolled
+    up into JobUsageMinute: set (or its stamp replaced) by the transaction
+    that stores the samples, deleted by the roll-up that read it, only if
+    its stamp is still the one read (jobs/services/usage_rollup.py). The
+    stamp is the newest sample id of the write that set it: no two writes
+    share one, so a mark set again while a minute is rolled up survives."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    number = models.PositiveIntegerField(help_text="The job attempt.")
+    minute = models.BigIntegerField(help_text="Whole minutes since 1970-01-01 UTC.")
+    stamp = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "number", "minute"], name="usage_minute_mark_unique")]
+        indexes = [models.Index(fields=["minute"], name="usage_minute_mark_idx")]  # the roll-up's order
+
+
 class IdleGpus(models.Model):
     """A running task whose real GPUs have stayed under IDLE_GPU_PERCENT for
     IDLE_GPU_MINUTES; deleted when they get busy again or the task ends."""

@@ -442,7 +442,8 @@ USAGE_DETAIL_HOURS = env_float("USAGE_DETAIL_HOURS", 24.0, minimum=0.1)
 USAGE_MINUTES_DAYS = env_float("USAGE_MINUTES_DAYS", 30.0, minimum=0.1)
 # The most raw samples one job-wide usage summary (.../metrics/summary) may
 # read: about 0.8 s of a web worker's CPU on SQLite (bench/big_job_page.py).
-# A window that would read more is refused (jobs/services/usage_series.py).
+# A window of more gets minute buckets from the per-job roll-up, and raw
+# samples only for its newest minutes not rolled up yet (jobs/services/usage_series.py).
 USAGE_SUMMARY_MAX_SAMPLES = env_int("USAGE_SUMMARY_MAX_SAMPLES", 200_000, minimum=10_000)
 # The admin dashboard keeps each window's figures this long (Django's cache),
 # shared by every admin who opens it then; 0 computes them at every view.

@@ -26,7 +26,7 @@ from jobs.models import (
     ExitType, IdleGpus, Job, JobAttempt, LogLine, Node, State, Stream, Task, TaskAttempt, TaskState, TaskUsage,
     TerminalSession, VirtualCluster,
 )
-from jobs.services import tokens
+from jobs.services import tokens, usage_rollup
 from jobs.spec import parse_job_value
 from tests.helpers import config, role
 
@@ -82,9 +82,11 @@ def big_job(owner, node: Node, *, tasks: int, attempts: int = 2, samples: int = 
                 ssh_available=True))
     TaskAttempt.objects.bulk_create(rows)
     current = TaskAttempt.objects.filter(job=job, number=attempts).values_list("pk", flat=True)
-    TaskUsage.objects.bulk_create([
+    rows = TaskUsage.objects.bulk_create([
         TaskUsage(attempt_id=pk, at=now - timedelta(seconds=5 * k), cpu_percent=50.0, memory_bytes=2**30)
         for pk in current for k in range(samples)])
+    if rows:  # marked for the roll-up, as usage.samples_record does
+        usage_rollup.minutes_mark(((row.attempt_id, row.at) for row in rows), stamp=max(row.pk for row in rows))
     return job
 
 

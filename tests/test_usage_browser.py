@@ -24,6 +24,7 @@ from tests.browser import SCREENSHOTS, login, page_alone, screenshot
 from tests.cluster import wait_for
 from tests.helpers import config, role, running_attempt, stop_node_agent, submit, wait_state
 from tests.test_big_job_queries import big_job, idle_node
+from tests.test_usage_series import store  # samples marked for the roll-up, as the agents write them
 from tests.test_usage import node, running_tasks  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
@@ -118,7 +119,7 @@ def test_a_running_task_whose_samples_stopped_does_not_freeze_the_others_graphs(
     # More samples of the busy task since then than one answer gives it.
     rows += [TaskUsage(attempt_id=busy.pk, at=now - timedelta(milliseconds=100 * i), cpu_percent=50.0,
                        memory_bytes=1) for i in range(per_task + 100)]
-    TaskUsage.objects.bulk_create(rows)
+    store(rows)
     try:
         login(page, alice)
         page.goto(f"/jobs/{busy.job_id}/")
@@ -197,15 +198,13 @@ def summary_of(page, job) -> dict:
                          f"/api/v2/jobs/{job.owner.username}~{job.name}/metrics/summary")
 
 
-def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal_in_process, alice, rows_node,
-                                                                  settings):
+def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal_in_process, alice, rows_node):
     """12 tasks on real GPUs (two each), three 10 s buckets: task i uses
     10(i+1)+k % CPU in bucket k, i+1 GiB, GPUs at i and 2i %. Their samples
     come a little apart, as nodes' clocks are; main-5 has none in the
     second bucket, which counts 11 tasks. The server adds them up; the page
     draws what it sent."""
     Node.objects.filter(pk=rows_node.pk).update(gpus_simulated=False)
-    settings.USAGE_SUMMARY_MAX_SAMPLES = 1_000_000  # a day of 12 tasks' samples, for the menu's last window
     job = big_job(alice, rows_node, tasks=12, attempts=1, samples=0)
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))  # an hour's window
     attempts = list(TaskAttempt.objects.filter(job=job).order_by("task__index"))
@@ -220,7 +219,7 @@ def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal
             figures = (10.0 * (i + 1) + k, float(i + 1), [float(i), 2.0 * i])
             known[k][i] = figures
             rows.append(sample(attempt.pk, at + 1 + 0.1 * i, cpu=figures[0], memory_gib=figures[1], gpu=figures[2]))
-    TaskUsage.objects.bulk_create(rows)
+    store(rows)
     page = job_page(browser, portal_in_process, alice, job)
     expect(page.locator("#usage-charts[data-summary-loaded='true']")).to_have_count(1)
 
@@ -249,7 +248,7 @@ def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal
     # Live: the next bucket, with one task's sample not in, is drawn once
     # whole, without a reload.
     later = edges[-1] + 10
-    TaskUsage.objects.bulk_create([sample(a.pk, later + 1 + 0.1 * i, cpu=100.0, memory_gib=1.0)
+    store([sample(a.pk, later + 1 + 0.1 * i, cpu=100.0, memory_gib=1.0)
                                    for i, a in enumerate(attempts) if i != 11])
     chart = page.locator(f"{figure} [data-chart='cores']")
     wait_for(lambda: chart.get_attribute("data-points") == "4", timeout=40, what="the new bucket drawn")
@@ -268,32 +267,37 @@ def test_a_big_job_shows_its_tasks_added_up_not_a_graph_per_task(browser, portal
     page.context.close()
 
 
-def test_a_big_jobs_window_menu_offers_only_the_windows_its_job_may_read(browser, portal_in_process, alice, rows_node,
-                                                                          settings):
-    """A summary reads at most USAGE_SUMMARY_MAX_SAMPLES samples: at 10,000
-    a 12-task job may read 4,166 s, so the menu offers 10 minutes and an
-    hour, and a job started two hours ago opens on the hour, not 6 hours."""
-    settings.USAGE_SAMPLE_SECONDS = 5.0
-    settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
+def test_a_big_jobs_window_menu_offers_the_windows_the_server_allows(browser, portal_in_process, alice, rows_node,
+                                                                     settings):
+    """The menu offers the windows up to the page's data-max-window (any up
+    to USAGE_MINUTES_DAYS, whatever the task count: whole minutes come from
+    the roll-up), and a job started two hours ago opens on 6 hours, in
+    minute buckets."""
+    settings.USAGE_MINUTES_DAYS = 0.5  # 12 hours kept: no day to offer
     job = big_job(alice, rows_node, tasks=12, attempts=1, samples=0)
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(hours=2))
     attempt = TaskAttempt.objects.filter(job=job).first()
-    TaskUsage.objects.bulk_create([sample(attempt.pk, bucket_edges(1)[0] + 1, cpu=50.0, memory_gib=1.0)])
+    store([sample(attempt.pk, bucket_edges(1)[0] + 1, cpu=50.0, memory_gib=1.0)])
     page = page_alone(browser, portal_in_process)
     login(page, alice)
     with page.expect_response(lambda r: "metrics/summary?window=" in r.url) as answer:
         page.goto(f"/jobs/{job.pk}/")
-    assert answer.value.status == 200 and answer.value.json()["window"] == 3600
+    assert answer.value.status == 200 and (answer.value.json()["window"], answer.value.json()["bucketSeconds"]) == (
+        21600, 60)
     menu = page.get_by_label("Job-wide graphs over")
-    expect(menu).to_have_value("3600")
-    assert menu.locator("option").evaluate_all("os => os.map(o => o.value)") == ["600", "3600"]
+    expect(menu).to_have_value("21600")
+    assert menu.locator("option").evaluate_all("os => os.map(o => o.value)") == ["600", "3600", "21600"]
     page.context.close()
 
 
-def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, portal_in_process, alice, rows_node):
+def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, portal_in_process, alice, rows_node,
+                                                                    settings):
     """400 tasks: a metrics answer gives each task 50 samples. The picked
     task's graphs show all 60 of its own, read from its own address; the
     job-wide graphs reach back past what one metrics answer holds."""
+    # The hour's 288,000 samples read raw, in 10 s buckets (past the budget
+    # they would be minutes from the roll-up, tests/test_usage_rollup.py).
+    settings.USAGE_SUMMARY_MAX_SAMPLES = 300_000
     job = big_job(alice, rows_node, tasks=400, attempts=1, samples=0)
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))
     attempts = list(TaskAttempt.objects.filter(job=job).order_by("task__index"))
@@ -302,7 +306,7 @@ def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, por
     rows = [sample(attempts[7].pk, at, cpu=float(k), memory_gib=2.0) for k, at in enumerate(times)]
     rows += [sample(a.pk, at, cpu=30.0, memory_gib=1.0) for i, a in enumerate(attempts) if i not in (3, 7)
              for at in times[-2:]]
-    TaskUsage.objects.bulk_create(rows)
+    store(rows)
     page = job_page(browser, portal_in_process, alice, job)
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(3)  # simulated GPUs: no GPU graph
     picker = page.get_by_label("Show one task")
@@ -325,7 +329,7 @@ def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, por
     assert cpu == [float(k) for k in range(60)]
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(5)
     # It grows with the job's polls.
-    TaskUsage.objects.bulk_create([sample(attempts[7].pk, times[-1] + page_period(), cpu=99.0, memory_gib=2.0)])
+    store([sample(attempts[7].pk, times[-1] + page_period(), cpu=99.0, memory_gib=2.0)])
     expect(task.locator("[data-chart='cpu']")).to_have_attribute("data-points", "61", timeout=30_000)
     usage_screenshot(page, "job-usage-big-picked")
 
@@ -351,7 +355,7 @@ def test_a_small_job_keeps_a_graph_per_task(browser, portal_in_process, alice, r
 def test_a_big_jobs_graphs_fit_a_phone(browser, portal_in_process, alice, rows_node):
     Node.objects.filter(pk=rows_node.pk).update(gpus_simulated=False)
     job = big_job(alice, rows_node, tasks=300, attempts=1, samples=0)
-    TaskUsage.objects.bulk_create([
+    store([
         sample(a.pk, at + 0.01 * i, cpu=20.0 + i % 50 + k, memory_gib=1.5, gpu=[float(i % 90)])
         for i, a in enumerate(TaskAttempt.objects.filter(job=job)) for k, at in enumerate(rounds_at(20))])
     page = job_page(browser, portal_in_process, alice, job, width=390)

@@ -10,12 +10,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
-from jobs.models import Node, TaskAttempt, TaskUsage
-from jobs.services import usage_series
+from jobs.models import JobUsageMinute, Node, TaskAttempt, TaskUsage
+from jobs.services import usage_rollup, usage_series
 from tests.test_big_job_queries import api_client, big_job, idle_node, queries_of
 
 node = pytest.fixture(idle_node, name="node")
@@ -32,6 +32,14 @@ def at(epoch: float) -> datetime:
 def sample(attempt: TaskAttempt, when: datetime, *, cpu: float, memory: int, gpus: list[float] = ()) -> TaskUsage:
     return TaskUsage(attempt=attempt, at=when, cpu_percent=cpu, memory_bytes=memory,
                      gpus=[{"index": i, "utilPercent": u, "memoryUsedBytes": 1} for i, u in enumerate(gpus)])
+
+
+def store(rows: list[TaskUsage]) -> None:
+    """Samples written as usage.samples_record writes them: their minutes
+    marked for the roll-up in the same transaction."""
+    with transaction.atomic():
+        rows = TaskUsage.objects.bulk_create(rows)
+        usage_rollup.minutes_mark(((row.attempt_id, row.at) for row in rows), stamp=max(row.pk for row in rows))
 
 
 def test_bucket_widths_keep_an_answer_to_a_few_hundred_points(settings):
@@ -62,7 +70,7 @@ def test_it_adds_up_each_bucket_as_computed_by_hand(alice, node):
     edge = 1_800_000_000  # a multiple of 10 s
     now = at(edge + 45)  # buckets edge, +10 and +20 are whole and settled (10 s); +30 is not yet
     GiB = 2**30
-    TaskUsage.objects.bulk_create([
+    store([
         # bucket `edge`
         sample(a, at(edge), cpu=100.0, memory=2 * GiB, gpus=[10.0, 90.0]),
         sample(a, at(edge + 10) - timedelta(microseconds=1), cpu=200.0, memory=4 * GiB, gpus=[30.0, 70.0]),
@@ -107,7 +115,7 @@ def test_the_api_gives_the_buckets_in_the_documented_shape(alice, node):
     job = big_job(alice, node, tasks=2, attempts=1, samples=0)
     one, two = TaskAttempt.objects.filter(job=job).order_by("task__index")
     edge = (int(time.time()) // 10 - 3) * 10  # whole and settled
-    TaskUsage.objects.bulk_create([sample(one, at(edge + 1), cpu=150.0, memory=3000, gpus=[40.0]),
+    store([sample(one, at(edge + 1), cpu=150.0, memory=3000, gpus=[40.0]),
                                    sample(two, at(edge + 2), cpu=50.0, memory=1000, gpus=[60.0])])
     client = Client()
     client.force_login(alice)
@@ -124,7 +132,7 @@ def test_the_api_gives_the_buckets_in_the_documented_shape(alice, node):
     since = at(edge - 10).isoformat()
     assert len(client.get(summary_url(job), {"since": since}).json()["buckets"]) == 1
     # Another window, wider buckets; the newest is whole only at its end.
-    TaskUsage.objects.bulk_create([sample(one, at(edge - 900), cpu=1.0, memory=1)])
+    store([sample(one, at(edge - 900), cpu=1.0, memory=1)])
     wide = client.get(summary_url(job), {"window": 86400}).json()
     assert wide["bucketSeconds"] == 300 and wide["until"] <= timezone.now().isoformat()
     assert wide["buckets"][0]["time"] == at((edge - 900) // 300 * 300).isoformat().replace("+00:00", ".000Z")
@@ -165,15 +173,15 @@ def test_it_answers_the_owner_and_admins_and_refuses_others(alice, bob, admin_us
 
 @pytest.mark.parametrize("detail_hours", [24.0, 0.5])
 @pytest.mark.parametrize("tasks", [1, 12, 100, 1000])
-def test_the_longest_window_is_the_last_whose_samples_fit_the_budget(settings, tasks, detail_hours):
+def test_the_longest_raw_window_is_the_last_whose_samples_fit_the_budget(settings, tasks, detail_hours):
     settings.USAGE_SAMPLE_SECONDS, settings.USAGE_DETAIL_HOURS = 5.0, detail_hours
     settings.USAGE_SUMMARY_MAX_SAMPLES = 200_000
-    longest = usage_series.longest_window(tasks=tasks)
+    longest = usage_series.longest_raw_window(tasks=tasks)
     assert usage_series.samples_read(tasks=tasks, window_seconds=longest) <= 200_000
     if longest < usage_series.max_window_seconds():
         assert usage_series.samples_read(tasks=tasks, window_seconds=longest + 1) > 200_000
     # 1,000 tasks every 5 s: 1,000 s of samples.
-    assert usage_series.longest_window(tasks=1000) == 1000
+    assert usage_series.longest_raw_window(tasks=1000) == 1000
 
 
 def test_the_estimate_is_never_under_the_samples_a_window_holds(alice, node, settings):
@@ -184,36 +192,39 @@ def test_the_estimate_is_never_under_the_samples_a_window_holds(alice, node, set
     assert held == 7 * 720 and usage_series.samples_read(tasks=7, window_seconds=3600) == held
 
 
-def test_a_window_over_the_budget_is_a_400_naming_the_longest_this_job_allows(alice, bob, node, settings):
+def test_a_window_whose_samples_are_over_the_budget_comes_in_minutes_for_any_task_count(alice, bob, node, settings):
+    """100 tasks at a budget of 10,000 samples: 500 s of raw samples. An
+    hour is allowed and comes in one-minute buckets from the roll-up; so
+    does any window up to USAGE_MINUTES_DAYS."""
     settings.USAGE_SAMPLE_SECONDS = 5.0
     settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
-    job = big_job(alice, node, tasks=100, attempts=1, samples=2)  # 100 tasks: 500 s of samples
+    job = big_job(alice, node, tasks=100, attempts=1, samples=0)
+    hour_of_samples(job)
     client = api_client(alice)
-    refused = client.get(summary_url(job), {"window": 3600})
-    assert refused.status_code == 400, refused.content
-    assert refused.json()["code"] == "InvalidParametersError"
-    assert "window" in refused.json()["message"] and "at most 500 seconds" in refused.json()["message"]
-    assert client.get(summary_url(job), {"window": 501}).status_code == 400
-    fits = client.get(summary_url(job), {"window": 500}).json()
-    assert (fits["window"], fits["maxWindow"], fits["bucketSeconds"]) == (500, 500, 10)
-    # Without a window: an hour, or the longest the job allows under it.
-    assert client.get(summary_url(job)).json()["window"] == 500
-    settings.USAGE_SUMMARY_MAX_SAMPLES = 1_000_000
-    assert client.get(summary_url(job)).json()["window"] == 3600
-    settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
+    usage_rollup.usage_rollup(max_minutes=120)
+    hour = client.get(summary_url(job), {"window": 3600}).json()
+    assert (hour["window"], hour["bucketSeconds"], hour["maxWindow"]) == (3600, 60, usage_series.max_window_seconds())
+    assert len(hour["buckets"]) >= 58 and {b["tasks"] for b in hour["buckets"]} == {100}
+    # The longest window kept, whatever the task count; one past it is a 400.
+    longest = usage_series.max_window_seconds()
+    assert client.get(summary_url(job), {"window": longest}).status_code == 200
+    refused = client.get(summary_url(job), {"window": longest + 1})
+    assert refused.status_code == 400 and "window" in refused.json()["message"]
+    # Within the budget: raw samples, 10 s buckets.
+    assert client.get(summary_url(job), {"window": 300}).json()["bucketSeconds"] == 10
     # Others are refused as before, whatever the window.
-    for window in (60, 3600):
+    for window in (60, 3600, 86400):
         assert api_client(bob).get(summary_url(job), {"window": window}).status_code == 404
         assert Client().get(summary_url(job), {"window": window}).status_code == 401
 
 
-def test_a_job_page_offers_windows_up_to_the_longest_its_job_allows(alice, node, settings):
-    settings.USAGE_SAMPLE_SECONDS = 5.0
+def test_a_job_page_offers_windows_up_to_the_retention_whatever_its_task_count(alice, node, settings):
     settings.USAGE_SUMMARY_MAX_SAMPLES = 10_000
     job = big_job(alice, node, tasks=12, attempts=1, samples=0)
     client = Client()
     client.force_login(alice)
-    assert 'data-max-window="4166"' in client.get(f"/jobs/{job.pk}/").content.decode()
+    longest = usage_series.max_window_seconds()
+    assert f'data-max-window="{longest}"' in client.get(f"/jobs/{job.pk}/").content.decode()
 
 
 def hour_of_samples(job, *, every: int = 5) -> datetime:
@@ -237,34 +248,47 @@ def hour_of_samples(job, *, every: int = 5) -> datetime:
             f"FROM {attempt_table} a, s WHERE a.id IN ({','.join('%s' for _ in attempts)})",
             [steps, connection.ops.adapt_datetimefield_value(newest), every, False,
              '[{"index": 0, "utilPercent": 80.0, "memoryUsedBytes": 1}]', *attempts.values_list("pk", flat=True)])
+        cursor.execute(f"SELECT MAX(id) FROM {table}")
+        (stamp,) = cursor.fetchone()
+    # Marked for the roll-up, as usage.samples_record does.
+    minutes = {(newest - timedelta(seconds=every * k)).replace(second=0) for k in range(steps)}
+    usage_rollup.minutes_mark(((pk, when) for pk in attempts.values_list("pk", flat=True) for when in minutes),
+                              stamp=stamp)
     return newest
 
 
-def test_a_1000_task_job_gets_an_hour_of_points_in_queries_that_do_not_grow_with_its_tasks(alice, node, settings):
+def test_a_1000_task_job_gets_an_hour_of_points_in_queries_that_do_not_grow_with_its_tasks(alice, node):
+    """The hour's 720,000 samples are over the budget: one-minute buckets
+    from the roll-up, as the node agents fill it; the raw samples of the
+    rolled-up minutes are not read (deleted here, the answer is the same)."""
     client = api_client(alice)
     small = big_job(alice, node, tasks=10, samples=0)
     big = big_job(alice, node, tasks=1000, samples=0)
     for job in (small, big):
-        hour_of_samples(job)
-    # The default budget refuses the hour's 720,000 samples; raised here to
-    # check the buckets and the queries over them.
-    assert client.get(summary_url(big), {"window": 3600}).status_code == 400
-    settings.USAGE_SUMMARY_MAX_SAMPLES = 720_000
+        newest = hour_of_samples(job)
+    usage_rollup.usage_rollup(max_minutes=120)
     started = time.perf_counter()
     body = client.get(summary_url(big)).json()
     print(f"\n1,000 tasks, an hour at 5 s: {time.perf_counter() - started:.2f} s, {len(body['buckets'])} buckets")
-    assert body["bucketSeconds"] == 10 and body["taskCount"] == 1000
+    assert body["bucketSeconds"] == 60 and body["taskCount"] == 1000 and body["window"] == 3600
     buckets = body["buckets"]
     times = [datetime.fromisoformat(bucket["time"]) for bucket in buckets]
-    assert all(later - earlier == timedelta(seconds=10) for earlier, later in zip(times, times[1:]))
-    assert times[-1] - times[0] >= timedelta(minutes=59) and timezone.now() - times[-1] < timedelta(seconds=60)
+    assert all(later - earlier == timedelta(seconds=60) for earlier, later in zip(times, times[1:]))
+    assert times[-1] - times[0] >= timedelta(minutes=58) and timezone.now() - times[-1] < timedelta(seconds=150)
     assert {bucket["tasks"] for bucket in buckets[1:]} == {1000}
     assert buckets[-1]["cpuCores"] == pytest.approx(sum(50 + pk % 50 for pk in TaskAttempt.objects.filter(
         job=big, number=big.attempt_number).values_list("pk", flat=True)) / 100)
     assert buckets[-1]["gpuPercent"] == {"mean": 80.0, "min": 80.0, "max": 80.0}
+    # Every minute of the hour is whole and rolled up (an agent of the test
+    # cluster rolling too changes nothing): its samples are not read.
+    TaskUsage.objects.filter(attempt__job=big, at__lte=newest).delete()
+    again = {bucket["time"]: bucket for bucket in client.get(summary_url(big)).json()["buckets"]}
+    same = [bucket for bucket in buckets if bucket["time"] in again]  # the window may have moved on a minute
+    assert len(same) >= len(buckets) - 1 and all(again[bucket["time"]] == bucket for bucket in same)
     since = buckets[-3]["time"]
     assert [b["time"] for b in client.get(summary_url(big), {"since": since}).json()["buckets"]] == [
         b["time"] for b in buckets[-2:]]
-    for query in ("", f"?since={since}"):
+    assert JobUsageMinute.objects.filter(job=big).count() >= 60
+    for query in ("?window=86400", f"?window=86400&since={since}"):
         counts = [queries_of(client, summary_url(job) + query) for job in (small, big)]
         assert counts[0] == counts[1], counts

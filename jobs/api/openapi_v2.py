@@ -156,19 +156,26 @@ def _paths() -> dict[str, Schema]:
                     "gpuPercent": {"allOf": [ref("UsageSpread")], "nullable": True},
                 })},
             })), **errors(400, 401, 404)}, tag="access", parameters=[
-                query_param("window", "seconds back from now (default 3600 or `maxWindow` if shorter, at least 60, "
-                                      "at most `maxWindow`: the samples read are bounded by "
-                                      "USAGE_SUMMARY_MAX_SAMPLES)", {"type": "integer", "minimum": 60}),
+                query_param("window", "seconds back from now (default 3600, at least 60, at most `maxWindow`: "
+                                      "USAGE_MINUTES_DAYS, whatever the task count)",
+                            {"type": "integer", "minimum": 60}),
                 query_param("since", "only buckets starting after this ISO-8601 time (a poll passes the newest "
                                      "bucket's `time`)", STRING),
                 query_param("attempt", "the job attempt (default: the current one)", {"type": "integer", "minimum": 1}),
             ], description="The job's owner and admins only; the job page's job-wide graphs read this. Buckets are "
                            "`bucketSeconds` wide (at most 360 of them in a window; 10 s for an hour at the default 5 s "
-                           "sample interval), aligned to the epoch; only whole buckets are given (from `from` to "
-                           "`until`), and buckets no task was sampled in are left out. In a bucket each task counts "
-                           "once, as the mean of its samples there (each GPU likewise): `tasks` sampled, `cpuCores` "
-                           "(cpuPercent / 100) and `memoryBytes` summed over them, `cpuPercent` per task and "
-                           "`gpuPercent` per GPU as mean, least and most busy (null without GPU figures).")},
+                           "sample interval when the window's samples are within USAGE_SUMMARY_MAX_SAMPLES, a minute "
+                           "past it), aligned to the epoch; only whole buckets are given (from `from` to `until`), "
+                           "and buckets no task was sampled in are left out. In a bucket under a minute each task "
+                           "counts once, as the mean of its samples there (each GPU likewise): `tasks` sampled, "
+                           "`cpuCores` (cpuPercent / 100) and `memoryBytes` summed over them, `cpuPercent` per task "
+                           "and `gpuPercent` per GPU as mean, least and most busy (null without GPU figures). A "
+                           "bucket of a minute is the same; a wider one adds its whole minutes up, each computed so: "
+                           "`tasks` and `gpus` the most in one minute, `cpuCores` and `memoryBytes` the mean of the "
+                           "minutes' sums, the means over every task (GPU) minute, least and most busy in any one "
+                           "minute. Whole minutes come from a per-job roll-up; a sample stored late is counted once "
+                           "its minute is rolled up again, within about a minute (at once if it is among the newest "
+                           "minutes the summary reads raw).")},
         **attempt_paths(),
         **virtual_cluster_paths(),
         "/cluster/sku-types": {"get": operation("List SKU types", {

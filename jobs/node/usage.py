@@ -10,8 +10,10 @@ primes its counters and its first sample comes a period later. Simulated
 GPUs have no utilisation to read: their tasks' samples carry no GPU figures
 (never invented ones), and they are never flagged idle.
 
-Once a minute the sampler also folds old samples (one agent of the cluster
-at a time, by a Redis lock) and checks its node's tasks for idle GPUs.
+Once a minute the sampler also rolls the marked minutes up per job attempt
+(the job-wide summary's, jobs/services/usage_rollup.py) and folds old
+samples (one agent of the cluster at a time, by a Redis lock: two at once
+would be correct, only wasted), and checks its node's tasks for idle GPUs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from django.db import close_old_connections, connection
 from jobs import queues
 from jobs.node.context import NodeContext
 from jobs.node.launcher import ContainerUsage
-from jobs.services import db_clock, usage
+from jobs.services import db_clock, usage, usage_rollup
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +135,11 @@ class UsageSampler:
         return usage.samples_record(samples)
 
     def housekeeping(self) -> None:
-        """Fold old samples (one agent at a time) and flag idle GPUs here."""
+        """Roll marked minutes up and fold old samples (one agent at a
+        time), and flag idle GPUs here."""
         lock = f"{settings.PAI_INSTANCE}:usage-compact"
         if queues.connection().set(lock, self.ctx.node.name, nx=True, ex=int(HOUSEKEEPING_SECONDS)):
+            usage_rollup.usage_rollup()
             usage.usage_compact()
         usage.idle_gpus_check(node_id=self.ctx.node.pk)
 

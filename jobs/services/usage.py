@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from jobs import formatting
 from jobs.models import IdleGpus, Job, TaskAttempt, TaskState, TaskUsage
-from jobs.services import lifecycle, notifications
+from jobs.services import lifecycle, notifications, usage_rollup
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +77,19 @@ def running_on_node(node_id: int) -> list[RunningTask]:
 def samples_record(samples: Sequence[Sample]) -> int:
     """Store a round of samples in one INSERT (SQLite caps one statement at
     999 values, so Django splits a round of more than 90 tasks; PostgreSQL
-    takes any round in one)."""
+    takes any round in one) and, in the same transaction, mark the job
+    attempts' minutes they fall in for the roll-up (usage_rollup.py)."""
     if not samples:
         return 0
-    TaskUsage.objects.bulk_create([
-        TaskUsage(attempt_id=s.attempt_id, at=s.at, cpu_percent=round(s.cpu_percent, 2), memory_bytes=s.memory_bytes,
-                  network_rx_bytes=s.network_rx_bytes, network_tx_bytes=s.network_tx_bytes,
-                  block_read_bytes=s.block_read_bytes, block_write_bytes=s.block_write_bytes, gpus=s.gpus)
-        for s in samples
-    ])
+    with transaction.atomic():
+        rows = TaskUsage.objects.bulk_create([
+            TaskUsage(attempt_id=s.attempt_id, at=s.at, cpu_percent=round(s.cpu_percent, 2),
+                      memory_bytes=s.memory_bytes, network_rx_bytes=s.network_rx_bytes,
+                      network_tx_bytes=s.network_tx_bytes, block_read_bytes=s.block_read_bytes,
+                      block_write_bytes=s.block_write_bytes, gpus=s.gpus)
+            for s in samples
+        ])
+        usage_rollup.minutes_mark(((row.attempt_id, row.at) for row in rows), stamp=max(row.pk for row in rows))
     return len(samples)
 
 

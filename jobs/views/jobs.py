@@ -354,7 +354,7 @@ def _usage_context(job: Job) -> dict:
         "usage_task_metrics_url": reverse("api:task_metrics", kwargs={**names, "role": "ROLE", "index": "INDEX"}),
         "usage_job_wide": usage.job_wide_graphs(job.total_tasks),
         # The job-wide graphs' menu offers windows up to this (seconds).
-        "usage_max_window": usage_series.longest_window(tasks=job.total_tasks),
+        "usage_max_window": usage_series.max_window_seconds(),
         "usage_sample_seconds": usage.sample_seconds(),
         "usage_simulated_gpus": job.task_attempts.filter(number=job.attempt_number, node__gpus_simulated=True)
         .exclude(gpus=[]).exists(),

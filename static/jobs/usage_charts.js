@@ -22,9 +22,9 @@
   var root = document.getElementById("usage-charts");
   if (!root || !window.uPlot) return;
   // The job-wide graphs' windows (seconds), as the menu offers them: those
-  // the server allows this job (data-max-window: a summary reads a bounded
-  // number of samples, so a bigger job gets shorter windows), or the
-  // longest it allows if none of them fits.
+  // the server allows (data-max-window: as far back as samples are kept,
+  // whatever the task count, since whole minutes come from a roll-up), or
+  // the longest it allows if none of them fits.
   var WINDOWS = (function () {
     var most = parseInt(root.dataset.maxWindow || "86400", 10);
     var all = [[600, "the last 10 minutes"], [3600, "the last hour"], [21600, "the last 6 hours"], [86400, "the last day"]];

@@ -18,7 +18,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils.dateparse import parse_datetime
 
@@ -107,14 +106,10 @@ def _job_metrics_summary(request: HttpRequest, username: str, name: str) -> Http
                                 maximum=usage_series.max_window_seconds())
     number = optional_int_param(request.GET, "attempt", minimum=1, maximum=10**6) or job.attempt_number
     tasks = TaskAttempt.objects.filter(job=job, number=number).count()
-    longest = usage_series.longest_window(tasks=tasks)
-    window = window or max(usage_series.MIN_WINDOW, min(usage_series.DEFAULT_WINDOW, longest))
-    if window > longest:
-        raise invalid(f"window must be at most {longest} seconds for this job's {tasks} tasks "
-                      f"(a summary reads at most {settings.USAGE_SUMMARY_MAX_SAMPLES} samples), got {window}.")
-    series = usage_series.job_series(job_id=job.pk, number=number, window_seconds=window, since=since)
+    window = window or usage_series.DEFAULT_WINDOW
+    series = usage_series.job_series(job_id=job.pk, number=number, window_seconds=window, since=since, tasks=tasks)
     return ok({"job": f"{job.owner.username}~{job.name}", "state": job.state, "attempt": number,
-               "taskCount": tasks, "maxWindow": longest,
+               "taskCount": tasks, "maxWindow": usage_series.max_window_seconds(),
                "sampleSeconds": usage.sample_seconds(), "window": window, "bucketSeconds": series.width,
                "from": utc_millis(series.start), "until": utc_millis(series.end),
                "buckets": [_bucket_json(bucket) for bucket in series.buckets]})

@@ -1,20 +1,25 @@
 #!/usr/bin/env python
 """A job of 1,000 tasks on the pages and API answers its owner keeps open.
 
-    .venv/bin/python bench/big_job_page.py [--tasks 1000] [--attempts 10] [--repeat 10]
+    .venv/bin/python bench/big_job_page.py [--tasks 1000] [--attempts 10] [--repeat 10] [--database postgres]
 
 Fills a scratch SQLite database of its own (var/bench/big_job_page/, never
-the portal's or the tests') with one running job of `--tasks` one-GPU
+the portal's or the tests'; with `--database postgres` a PostgreSQL 15 server
+of its own, data in var/bench/big_job_page_postgres/) with one running job of `--tasks` one-GPU
 Jupyter tasks on its attempt `--attempts` (every earlier attempt failed,
 each with all its task containers), the way tests/test_big_job_queries.py
 makes it, then times through Django's test client, the whole request
 included: the job page, the live part the page polls every 2 s (the first
 page of tasks, and filtered to the failed ones), v1 and v2 status, the
-v2 metrics the usage graphs read, and the job-wide summary (samples every
-5 s for an hour) over the longest window it allows the job
-(USAGE_SUMMARY_MAX_SAMPLES raw samples: 16 minutes for 1,000 tasks), first
-whole and then as the page polls it (the buckets after the newest one it
-has). Prints p50/p95 wall and CPU milliseconds
+v2 metrics the usage graphs read, and the job-wide summary over the
+window menu's hour, 6 hours and day, then as the page polls it (the
+buckets after the newest one it has). Samples every 5 s for an hour are
+rolled up as the node agents do (usage_rollup, timed per minute), and the
+23 hours before hold the roll-up's rows of a steady job (a copy of the
+newest minute's each minute: rolling up 17 million samples here would take
+longer than it tells); past USAGE_SUMMARY_MAX_SAMPLES the summary reads
+those rows, and raw samples only for the minutes not rolled up yet. Prints
+p50/p95 wall and CPU milliseconds
 and the answer's size per call, then `big_job_live_poll_ms=<p95 of the live
 part>`: what each open job page costs the portal every 2 s.
 """
@@ -32,15 +37,18 @@ from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.stack import configure_django, percentile  # noqa: E402
+from bench.stack import configure_django, percentile, postgres_server  # noqa: E402
 
 VAR = ROOT / "var" / "bench" / "big_job_page"
+PG_VAR = ROOT / "var" / "bench" / "big_job_page_postgres"
+PG_DATABASE = "bench_big_job_page"
 
 
 def fill(tasks: int, attempts: int):
     from django.core.management import call_command
 
     from jobs.models import TaskAttempt, TaskState, User
+    from jobs.services import usage_rollup
     from tests.test_big_job_queries import big_job, idle_node
     from tests.test_usage_series import hour_of_samples
 
@@ -49,10 +57,29 @@ def fill(tasks: int, attempts: int):
     owner = User.objects.create_user("bench", password="bench-Password-1")
     job = big_job(owner, next(idle_node()), tasks=tasks, attempts=attempts, jupyter=True)
     hour_of_samples(job)
+    started = time.perf_counter()
+    minutes = usage_rollup.usage_rollup(max_minutes=120)
+    took = (time.perf_counter() - started) * 1000
+    print(f"rolled up {minutes} minutes of {tasks:,} tasks in {took:.0f} ms: {took / max(1, minutes):.1f} ms a minute")
+    day_of_minutes(job)
     # A few failed tasks, for the filter.
     TaskAttempt.objects.filter(job=job, number=attempts, task__index__in=[7, tasks // 2, tasks - 1]).update(
         state=TaskState.FAILED, exit_code=1)
     return owner, job
+
+
+def day_of_minutes(job) -> None:
+    """The roll-up's rows for the 23 hours before the hour of samples: the
+    oldest rolled-up minute's figures, once a minute."""
+    from jobs.models import JobUsageMinute
+
+    oldest = JobUsageMinute.objects.filter(job=job).order_by("minute").first()
+    JobUsageMinute.objects.bulk_create([
+        JobUsageMinute(job=job, number=oldest.number, minute=oldest.minute - k, tasks=oldest.tasks,
+                       cpu_sum=oldest.cpu_sum, cpu_min=oldest.cpu_min, cpu_max=oldest.cpu_max,
+                       memory_sum=oldest.memory_sum, gpus=oldest.gpus, gpu_sum=oldest.gpu_sum,
+                       gpu_min=oldest.gpu_min, gpu_max=oldest.gpu_max) for k in range(1, 23 * 60 + 1)],
+        batch_size=500)
 
 
 def measure(client, path: str, repeat: int) -> tuple[list[float], list[float], int]:
@@ -73,9 +100,27 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--attempts", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite")
     args = parser.parse_args()
     shutil.rmtree(VAR, ignore_errors=True)
-    configure_django(VAR, "bench-big-job-page")
+    server = postgres_server(PG_VAR) if args.database == "postgres" else None
+    try:
+        extra = {}
+        if server is not None:
+            server.drop_database(PG_DATABASE)
+            server.create_database(PG_DATABASE)
+            extra["DATABASE_URL"] = server.url(PG_DATABASE)
+        configure_django(VAR, "bench-big-job-page", **extra)
+        run(args)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if server is not None:
+            server.stop()
+
+
+def run(args: argparse.Namespace) -> None:
     from datetime import timedelta
 
     from django.test import Client, override_settings
@@ -97,7 +142,9 @@ def main() -> None:
         ("v1 status", api, f"/api/v1/user/{owner.username}/jobs/{job.name}"),
         ("v2 status", api, f"/api/v2/jobs/{owner.username}~{job.name}"),
         ("v2 metrics", api, f"/api/v2/jobs/{owner.username}~{job.name}/metrics"),
-        ("v2 summary, longest", api, summary),
+        ("v2 summary, an hour", api, f"{summary}?window=3600"),
+        ("v2 summary, 6 hours", api, f"{summary}?window=21600"),
+        ("v2 summary, a day", api, f"{summary}?window=86400"),
         ("v2 summary, a poll", api, f"{summary}?since={quote(poll_since)}"),
     ]
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

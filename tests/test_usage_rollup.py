@@ -258,6 +258,10 @@ def test_a_compacted_minute_rolls_up_as_its_samples_did(gpu_job):
     assert after.tasks == 3 and after.cpu_sum == pytest.approx(before.cpu_sum + 27.0)
     assert (before.cpu_min, before.cpu_max) == (55.0, 65.0)  # the two tasks' means, 0-110 % and 10-120 %
     assert (after.cpu_min, after.cpu_max) == (27.0, 65.0)
+    # Folded too, as the next compaction would: no detailed sample this old
+    # is left for other tests' compactions to find first.
+    usage.usage_compact(max_minutes=60)
+    assert set(TaskUsage.objects.filter(attempt__job=job).values_list("averaged", flat=True)) == {True}
 
 
 # ----------------------------------------------------------- the summary

@@ -35,11 +35,10 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Min, OuterRef, Q, Subquery
-from django.utils import timezone
 
 from jobs import formatting
 from jobs.models import IdleGpus, Job, TaskAttempt, TaskState, TaskUsage
-from jobs.services import lifecycle, notifications, usage_rollup
+from jobs.services import db_clock, lifecycle, notifications, usage_rollup
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ def usage_compact(*, now: datetime | None = None, max_minutes: int = 60) -> int:
     USAGE_MINUTES_DAYS. Returns the detailed rows folded. Each minute is one
     transaction over whole minutes, so a sample is folded exactly once even
     if two callers race (the second finds the minute empty)."""
-    now = now or timezone.now()
+    now = now or db_clock.now()
     cutoff = (now - timedelta(hours=settings.USAGE_DETAIL_HOURS)).replace(second=0, microsecond=0)
     folded = 0
     for _ in range(max_minutes):
@@ -180,7 +179,7 @@ def idle_gpus_check(*, node_id: int, now: datetime | None = None) -> list[int]:
     """Flag the node's running tasks whose GPUs have been idle for
     IDLE_GPU_MINUTES, unflag those busy again; returns the flagged ids.
     Only tasks with GPU figures can be flagged: simulated GPUs report none."""
-    now = now or timezone.now()
+    now = now or db_clock.now()
     window = timedelta(minutes=settings.IDLE_GPU_MINUTES)
     max_gap = timedelta(seconds=max(3 * settings.USAGE_SAMPLE_SECONDS, 90))  # averaged rows are a minute apart
     running = [pk for pk, gpus in TaskAttempt.objects.filter(node_id=node_id, state=TaskState.RUNNING)

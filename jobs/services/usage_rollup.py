@@ -49,10 +49,9 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from jobs.models import JobUsageMinute, TaskAttempt, UsageMinuteMark
-from jobs.services import usage_series
+from jobs.services import db_clock, usage_series
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ def usage_rollup(*, now: datetime | None = None, max_minutes: int = 60) -> int:
     hour's graphs matter most), at most `max_minutes` of them; delete rows
     and marks older than USAGE_MINUTES_DAYS. Returns the job attempts'
     minutes this call wrote (or found empty and deleted)."""
-    now = now or timezone.now()
+    now = now or db_clock.now()
     stop = minute_of(now - timedelta(seconds=usage_series.settle_seconds()))  # the first minute not yet whole
     minutes = (UsageMinuteMark.objects.filter(minute__lt=stop).order_by("-minute")
                .values_list("minute", flat=True).distinct()[:max_minutes])

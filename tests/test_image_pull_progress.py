@@ -22,11 +22,12 @@ import requests
 from jobs import services
 from jobs.models import ExitType, ImagePull, Job, State, TaskAttempt, TaskState
 from jobs.node.launcher import PullProgress
+from jobs.node.images.records import PullRecord
 from jobs.node.launcher.docker import PullTally
 from tests.browser import login as browser_login
 from tests.browser import screenshot
 from tests.cluster import wait_for
-from tests.helpers import BUSYBOX_IMAGE, config, lines, login, role, submit, wait_state
+from tests.helpers import BUSYBOX_IMAGE, config, lines, login, role, rows_only_attempt, submit, unique, wait_state
 from tests.registry import forget, registry_agent, running_registry
 
 pytestmark = pytest.mark.services
@@ -112,6 +113,26 @@ def test_it_adds_up_the_engines_pull_events():
     tally.add({"status": "Pull complete", "progressDetail": {}, "id": "two"})
     assert not tally.add({"status": "Digest: sha256:e4cc"})
     assert tally.progress() == PullProgress(layers_done=3, layers_total=3, bytes_done=4000, bytes_total=4000)
+
+
+def test_it_writes_no_count_while_the_engine_is_still_naming_the_layers(alice):
+    """The engine names the layers it has first, one by one, then those it
+    fetches: a count written after the first ("layers 1/1") dropped back on
+    the page ("layers 2/10") a moment later (CI 108)."""
+    attempt = rows_only_attempt(alice, unique("pull-naming-"))
+    ticks = iter(range(0, 100, 1))  # a second between two events: past PROGRESS_INTERVAL each time
+    record = PullRecord(attempt.pk, "127.0.0.1:5000/pull/big:latest", clock=lambda: float(next(ticks)))
+    record.start()
+    record.progress(PullProgress(layers_done=1, layers_total=1))
+    record.progress(PullProgress(layers_done=2, layers_total=10, sizes_pending=8))
+    pull = ImagePull.objects.get(attempt_id=attempt.pk)
+    assert (pull.layers_done, pull.layers_total) == (0, 0)  # as started: the count is not known yet
+    record.progress(PullProgress(layers_done=2, layers_total=10, bytes_done=1, bytes_total=300, sizes_pending=7))
+    pull.refresh_from_db()
+    assert (pull.layers_done, pull.layers_total, pull.bytes_total) == (2, 10, 300)
+    record.finish()
+    pull.refresh_from_db()
+    assert (pull.state, pull.layers_total) == (ImagePull.State.DONE, 10)
 
 
 def test_it_records_a_pull_as_it_goes(alice, big_image, pull_node):

@@ -63,6 +63,12 @@ class PullRecord:
 
     def progress(self, progress: PullProgress) -> None:
         self.latest = progress
+        if not progress.bytes_total:
+            # The engine is still naming the layers: those the node has come
+            # first ("Already exists"), one by one, then those it fetches,
+            # before any download. A count written now ("layers 1/1") would
+            # drop back on the page ("layers 2/10") a moment later.
+            return
         now = self.clock()
         if self._written_at is None or now - self._written_at >= PROGRESS_INTERVAL:
             services.pull_progress(attempt_id=self.attempt_id, counts=_counts(progress))

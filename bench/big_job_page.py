@@ -11,15 +11,17 @@ each with all its task containers), the way tests/test_big_job_queries.py
 makes it, then times through Django's test client, the whole request
 included: the job page, the live part the page polls every 2 s (the first
 page of tasks, and filtered to the failed ones), v1 and v2 status, the
-v2 metrics the usage graphs read, and the job-wide summary over the
-window menu's hour, 6 hours and day, then as the page polls it (the
-buckets after the newest one it has). Samples every 5 s for an hour are
-rolled up as the node agents do (usage_rollup, timed per minute), and the
-23 hours before hold the roll-up's rows of a steady job (a copy of the
-newest minute's each minute: rolling up 17 million samples here would take
-longer than it tells); past USAGE_SUMMARY_MAX_SAMPLES the summary reads
-those rows, and raw samples only for the minutes not rolled up yet. Prints
-p50/p95 wall and CPU milliseconds
+v2 metrics of every task (whole, and a poll after the newest round: what
+a big job's page read before its picker read one task's), one task's
+metrics as the picker reads them (whole, and a poll), and the job-wide
+summary over the window menu's hour, 6 hours and day, then as the page
+polls it (the buckets after the newest one it has). Samples every 5 s for
+an hour are rolled up as the node agents do (usage_rollup, timed per
+minute), and the 23 hours before hold the roll-up's rows of a steady job
+(a copy of the newest minute's each minute: rolling up 17 million samples
+here would take longer than it tells); past USAGE_SUMMARY_MAX_SAMPLES the
+summary reads those rows, and raw samples only for the minutes not rolled
+up yet. Prints p50/p95 wall and CPU milliseconds
 and the answer's size per call, then `big_job_live_poll_ms=<p95 of the live
 part>`: what each open job page costs the portal every 2 s.
 """
@@ -56,7 +58,7 @@ def fill(tasks: int, attempts: int):
     call_command("ensure_defaults", verbosity=0)
     owner = User.objects.create_user("bench", password="bench-Password-1")
     job = big_job(owner, next(idle_node()), tasks=tasks, attempts=attempts, jupyter=True)
-    hour_of_samples(job)
+    newest = hour_of_samples(job)
     started = time.perf_counter()
     minutes = usage_rollup.usage_rollup(max_minutes=120)
     took = (time.perf_counter() - started) * 1000
@@ -65,7 +67,7 @@ def fill(tasks: int, attempts: int):
     # A few failed tasks, for the filter.
     TaskAttempt.objects.filter(job=job, number=attempts, task__index__in=[7, tasks // 2, tasks - 1]).update(
         state=TaskState.FAILED, exit_code=1)
-    return owner, job
+    return owner, job, newest
 
 
 def day_of_minutes(job) -> None:
@@ -128,20 +130,28 @@ def run(args: argparse.Namespace) -> None:
     from jobs.services import tokens
 
     started = time.perf_counter()
-    owner, job = fill(args.tasks, args.attempts)
+    owner, job, newest = fill(args.tasks, args.attempts)
     print(f"filled a job of {args.tasks:,} tasks and {args.attempts} attempts in {time.perf_counter() - started:.1f} s")
     browser = Client()
     browser.force_login(owner)
     api = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.token_create(user=owner, lifetime=timedelta(hours=1)).key}")
     summary = f"/api/v2/jobs/{owner.username}~{job.name}/metrics/summary"
     poll_since = api.get(summary).json()["buckets"][-2]["time"]  # what a page polling every bucket asks
+    # A poll asks after the newest sample it has: the round before the newest.
+    round_since = quote((newest - timedelta(seconds=5)).isoformat())
+    metrics = f"/api/v2/jobs/{owner.username}~{job.name}/metrics"
+    task = job.task_attempts.filter(number=job.attempt_number).select_related("task").first().task
+    task_metrics = f"/api/v2/jobs/{owner.username}~{job.name}/tasks/{task.role}/{task.index}/metrics?attempt={args.attempts}"
     calls = [
         ("job page", browser, f"/jobs/{job.pk}/"),
         ("live part", browser, f"/jobs/{job.pk}/live/"),
         ("live part, failed tasks", browser, f"/jobs/{job.pk}/live/?task_state=FAILED"),
         ("v1 status", api, f"/api/v1/user/{owner.username}/jobs/{job.name}"),
         ("v2 status", api, f"/api/v2/jobs/{owner.username}~{job.name}"),
-        ("v2 metrics", api, f"/api/v2/jobs/{owner.username}~{job.name}/metrics"),
+        ("v2 metrics", api, metrics),
+        ("v2 metrics, a poll", api, f"{metrics}?since={round_since}"),
+        ("v2 task metrics", api, task_metrics),
+        ("v2 task metrics, a poll", api, f"{task_metrics}&since={round_since}"),
         ("v2 summary, an hour", api, f"{summary}?window=3600"),
         ("v2 summary, 6 hours", api, f"{summary}?window=21600"),
         ("v2 summary, a day", api, f"{summary}?window=86400"),

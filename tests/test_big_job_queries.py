@@ -11,6 +11,7 @@ its own.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -18,6 +19,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.db.models import F
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -283,6 +285,53 @@ def test_the_log_menu_follows_the_tables_and_keeps_only_this_jobs_opened_task(al
     bobs = Client()
     bobs.force_login(bob)
     assert bobs.get(f"/jobs/{job.pk}/?log={far.pk}").status_code == 404
+    assert Client().get(f"/jobs/{job.pk}/live/?tasks=2").status_code == 302
+
+
+def usage_menu(html: str) -> dict[str, str]:
+    """The usage panel's task menu of a big job (a live part): option value -> text."""
+    menu = html.split('data-part="usagetasks">', 1)[1].split("</select>", 1)[0]
+    return {value: text for value, text in re.findall(r'<option value="([^"]*)"[^>]*>([^<]*)</option>', menu)}
+
+
+def test_a_big_jobs_usage_menu_lists_the_tasks_the_tables_show_with_their_flags(alice, bob, node):
+    """The usage panel's picker of a big job follows the task tables, as
+    the log menu does (their page and filter, 100 tasks at most), named
+    with idle GPUs and with running tasks whose samples stopped: it was
+    built from every task's samples (GET .../metrics, 4.7 MB for 1,000
+    tasks). A small job's page draws every task and has no menu."""
+    client = Client()
+    client.force_login(alice)
+    job = big_job(alice, node, tasks=300, attempts=2)
+    current = {a.task.index: a for a in TaskAttempt.objects.filter(job=job, number=2).select_related("task")}
+    IdleGpus.objects.create(attempt=current[101], since=timezone.now())
+    TaskUsage.objects.filter(attempt=current[102]).delete()  # none yet
+    TaskUsage.objects.filter(attempt=current[103]).update(at=F("at") - timedelta(minutes=10))  # its node's sampler is away
+    TaskAttempt.objects.filter(pk__in=[current[104].pk, current[250].pk]).update(state=TaskState.FAILED)
+    TaskUsage.objects.filter(attempt=current[104]).delete()  # ended: never flagged for samples
+    live = client.get(f"/jobs/{job.pk}/live/?tasks=2").content.decode()
+    menu = usage_menu(live)
+    assert list(menu) == ["", *(f"main-{i}" for i in range(100, 200))]
+    assert {value: text for value, text in menu.items() if text != value} == {
+        "": "None", "main-101": "main-101 (GPUs idle)", "main-102": "main-102 (no recent samples)",
+        "main-103": "main-103 (no recent samples)"}
+    assert (f'<option value="main-101" data-role="main" data-index="101" data-attempt="2" data-state="RUNNING" '
+            f'data-node="{node.name}" data-idle-gpus="true">') in live
+    assert 'value="main-104" data-role="main" data-index="104" data-attempt="2" data-state="FAILED"' in live
+    # The filter and the attempt the tables show.
+    assert list(usage_menu(client.get(f"/jobs/{job.pk}/live/?task_state=FAILED").content.decode())) == [
+        "", "main-104", "main-250"]
+    assert 'data-index="5" data-attempt="1"' in client.get(f"/jobs/{job.pk}/live/?attempt=1").content.decode()
+    # The whole page holds the menu the live part refreshes.
+    page = client.get(f"/jobs/{job.pk}/?tasks=2").content.decode()
+    assert list(usage_menu(page)) == list(menu) and 'id="usage-task" data-part="usagetasks"' in page
+    small = big_job(alice, node, tasks=8, attempts=1)
+    for path in (f"/jobs/{small.pk}/", f"/jobs/{small.pk}/live/"):
+        assert "usagetasks" not in client.get(path).content.decode()
+    # Another user and an anonymous client get none of it.
+    bobs = Client()
+    bobs.force_login(bob)
+    assert bobs.get(f"/jobs/{job.pk}/live/?tasks=2").status_code == 404
     assert Client().get(f"/jobs/{job.pk}/live/?tasks=2").status_code == 302
 
 

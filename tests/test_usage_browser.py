@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from urllib.parse import parse_qs, urlsplit
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -18,7 +19,7 @@ from playwright.sync_api import expect
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import Job, Node, State, TaskAttempt, TaskUsage
+from jobs.models import Job, Node, State, TaskAttempt, TaskState, TaskUsage
 from jobs.services import usage, usage_series
 from tests.browser import SCREENSHOTS, login, page_alone, screenshot
 from tests.cluster import wait_for
@@ -174,9 +175,12 @@ def usage_screenshot(page, name: str) -> None:
 
 def job_page(browser, portal, user, job, *, width: int = 1280):
     """The job's page, its first answer drawn; `page.errors` collects what
-    its scripts report to the console (none expected)."""
+    its scripts report to the console (none expected), `page.requests` the
+    URLs it asked for."""
     page = page_alone(browser, portal, width=width)
     page.errors = []
+    page.requests = []
+    page.on("request", lambda request: page.requests.append(request.url))
     page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
     page.on("pageerror", lambda error: page.errors.append(str(error)))
     login(page, user)
@@ -290,11 +294,18 @@ def test_a_big_jobs_window_menu_offers_the_windows_the_server_allows(browser, po
     page.context.close()
 
 
+def asked(page, path: str) -> list[str]:
+    """The URLs the page asked for whose path is `path`."""
+    return [url for url in page.requests if urlsplit(url).path == path]
+
+
 def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, portal_in_process, alice, rows_node,
                                                                     settings):
-    """400 tasks: a metrics answer gives each task 50 samples. The picked
-    task's graphs show all 60 of its own, read from its own address; the
-    job-wide graphs reach back past what one metrics answer holds."""
+    """400 tasks. The page never asks the job's .../metrics (every task's
+    samples, 4.7 MB for 1,000 tasks): its task menu lists the 100 tasks the
+    tables show, from the live part, and the picked task's graphs show all
+    60 of its samples, read from its own address and extended by polls of
+    it; the job-wide graphs reach back past what one metrics answer holds."""
     # The hour's 288,000 samples read raw, in 10 s buckets (past the budget
     # they would be minutes from the roll-up, tests/test_usage_rollup.py).
     settings.USAGE_SUMMARY_MAX_SAMPLES = 300_000
@@ -308,9 +319,13 @@ def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, por
              for at in times[-2:]]
     store(rows)
     page = job_page(browser, portal_in_process, alice, job)
+    api = f"/api/v2/jobs/{alice.username}~{job.name}"
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(3)  # simulated GPUs: no GPU graph
     picker = page.get_by_label("Show one task")
-    expect(picker.locator("option")).to_have_count(401)
+    # None, and the first page of the tables (100 tasks), in their order.
+    expect(picker.locator("option")).to_have_count(101)
+    assert picker.locator("option").evaluate_all("os => os.map(o => o.value)") == [""] + [
+        f"main-{i}" for i in range(100)]
     expect(picker.locator("option[value='main-3']")).to_have_text("main-3 (no recent samples)")
     # Once the newest rounds' buckets are whole (a sample period and the
     # settling time after them).
@@ -321,24 +336,46 @@ def test_a_big_jobs_task_picker_shows_one_task_with_all_its_samples(browser, por
     cores = "#usage-charts [data-usage='job'] [data-chart='cores']"
     assert page.evaluate("s => document.querySelector(s).usagePlot.data[0][0]", cores) == times[0] // 10 * 10
 
-    picker.select_option("main-7")
+    own = f"{api}/tasks/main/7/metrics"
+    with page.expect_response(lambda r: urlsplit(r.url).path == own) as first:
+        picker.select_option("main-7")
+    assert first.value.status == 200 and parse_qs(urlsplit(first.value.url).query) == {"attempt": ["1"]}
     task = page.locator("#usage-charts [data-task='main-7']")
     expect(task.locator(".usage-chart")).to_have_count(2)
     expect(task.locator("[data-chart='cpu']")).to_have_attribute("data-points", "60")
     cpu, = plot_data(page, "#usage-charts [data-task='main-7'] [data-chart='cpu']")
     assert cpu == [float(k) for k in range(60)]
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(5)
-    # It grows with the job's polls.
+    # It grows with polls of its own address, after the last sample it has.
     store([sample(attempts[7].pk, times[-1] + page_period(), cpu=99.0, memory_gib=2.0)])
     expect(task.locator("[data-chart='cpu']")).to_have_attribute("data-points", "61", timeout=30_000)
+    cpu, = plot_data(page, "#usage-charts [data-task='main-7'] [data-chart='cpu']")
+    assert cpu[-1] == 99.0
+    polls = [parse_qs(urlsplit(url).query) for url in asked(page, own)[1:]]
+    assert polls and all(set(poll) == {"attempt", "since"} and poll["attempt"] == ["1"] for poll in polls)
     usage_screenshot(page, "job-usage-big-picked")
+
+    # The live part refreshes the menu (main-8 failed): main-7 stays picked.
+    TaskAttempt.objects.filter(pk=attempts[8].pk).update(state=TaskState.FAILED, exit_code=1)
+    expect(picker.locator("option[value='main-8']")).to_have_attribute("data-state", "FAILED", timeout=15_000)
+    expect(picker).to_have_value("main-7")
+    expect(page.locator("#usage-charts [data-task]")).to_have_count(1)
+    expect(task.locator("[data-chart='cpu']")).to_have_attribute("data-points", "61")
 
     picker.select_option("main-8")
     expect(page.locator("#usage-charts [data-task]")).to_have_count(1)
     expect(page.locator("#usage-charts [data-task='main-8'] [data-chart='cpu']")).to_have_attribute("data-points", "2")
     picker.select_option("")
     expect(page.locator("#usage-charts [data-task]")).to_have_count(0)
+    assert asked(page, f"{api}/metrics") == []  # never every task's samples
+    assert asked(page, f"{api}/metrics/summary")
     assert page.errors == []
+
+    # The tables' second page: the menu lists its tasks.
+    page.goto(f"/jobs/{job.pk}/?tasks=2")
+    expect(picker.locator("option")).to_have_count(101)
+    expect(picker.locator("option[value='main-100']")).to_have_count(1)
+    expect(picker.locator("option[value='main-7']")).to_have_count(0)
     page.context.close()
 
 
@@ -348,6 +385,7 @@ def test_a_small_job_keeps_a_graph_per_task(browser, portal_in_process, alice, r
     expect(page.locator("#usage-charts [data-task]")).to_have_count(3)
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(6)
     expect(page.locator("#usage-charts [data-usage='job'], #usage-task")).to_have_count(0)
+    assert asked(page, f"/api/v2/jobs/{alice.username}~{job.name}/metrics")  # every task's samples, as before
     assert page.errors == []
     page.context.close()
 

@@ -401,6 +401,33 @@ def sample_seconds() -> float:
     return float(settings.USAGE_SAMPLE_SECONDS)
 
 
+def stalled_seconds() -> float:
+    """How much older than the newest of its neighbours a running task's
+    newest sample may be before it counts as having no recent samples (its
+    node's sampler is away): ten sample periods, at least two minutes."""
+    return max(120.0, 10 * max(2.0, sample_seconds()))
+
+
+def newest_sample_times(attempt_ids: Iterable[int]) -> dict[int, datetime]:
+    """Each task attempt's newest sample time; those with none are left out.
+    One query, one step along the (attempt, at) index per attempt: a
+    GROUP BY would read a task's day of detailed samples."""
+    newest = TaskUsage.objects.filter(attempt_id=OuterRef("pk")).order_by("-at").values("at")[:1]
+    rows = TaskAttempt.objects.filter(pk__in=list(attempt_ids)).annotate(newest=Subquery(newest))
+    return {pk: at for pk, at in rows.values_list("pk", "newest") if at is not None}
+
+
+def stalled_attempt_ids(running_ids: Sequence[int]) -> set[int]:
+    """Which of these running task attempts have no recent samples: none at
+    all, or their newest more than stalled_seconds() older than the newest
+    of them all. Measured against each other, not the portal's clock: nodes
+    sample on their own clocks."""
+    newest = newest_sample_times(running_ids)
+    latest = max(newest.values(), default=None)
+    return {pk for pk in running_ids
+            if pk not in newest or (latest - newest[pk]).total_seconds() > stalled_seconds()}
+
+
 # A job of more tasks than this gets job-wide graphs on its page (sums,
 # means and the least and most busy task) and one task's graphs picked from
 # a menu, instead of three graphs per task: a 1,000-task job would hold

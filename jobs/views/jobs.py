@@ -282,6 +282,7 @@ def _detail_context(request: HttpRequest, job: Job, *, whole_page: bool = False)
     # is this job (the access cell reads it per row).
     shown = list(job.task_attempts.filter(number=number, task_id__in=page.task_ids)
                  .select_related("task", "node", "job_attempt"))
+    tables = _role_tables(job, page, shown)
     waiting = job.state == State.WAITING
     log_attempt, log_stream = _log_start(request, job, listing) if whole_page else ("", "stdout")
     chosen = number if parse_id(request.GET.get("attempt", "")) == number else None
@@ -292,9 +293,10 @@ def _detail_context(request: HttpRequest, job: Job, *, whole_page: bool = False)
         "task_listing": listing,
         "task_page": page,
         "task_links": _task_links(page, chosen),
-        "role_tables": _role_tables(job, page, shown),
+        "role_tables": tables,
         "task_access": access.tasks_access(job=job, attempts=shown, user=request.user),
         "log_groups": _log_choices(job, number, listing, page, opened=parse_id(log_attempt)),
+        **_usage_menu_context(job, tables),
         "log_attempt": log_attempt,
         "log_stream": log_stream,
         "queue_position": services.queue_position(job) if waiting else None,
@@ -344,6 +346,35 @@ def _log_start(request: HttpRequest, job: Job, listing: TaskListing) -> tuple[st
     return str(failed), "stderr" if wrote_stderr else "stdout"
 
 
+@dataclass(frozen=True)
+class UsageChoice:
+    """A task in the usage panel's menu of a big job's page."""
+
+    role: str
+    index: int
+    attempt: int  # its job attempt's number, as the task's metrics take it
+    state: str
+    node: str
+    idle_gpus: bool
+    stalled: bool  # running, with no recent samples
+
+
+def _usage_menu_context(job: Job, tables: list[RoleTable]) -> dict:
+    """A big job's usage panel picks one task from a menu that, like the log
+    viewer's, lists the tasks the tables show (their page and filter, at
+    most TASK_PAGE_SIZE), refreshed with them: a menu of all 1,000 tasks came
+    from a metrics answer of every task's samples (4.7 MB), polled. A small
+    job's page draws every task and has no menu."""
+    if not usage.job_wide_graphs(job.total_tasks):
+        return {"usage_job_wide": False}
+    attempts = [row.attempt for table in tables for row in table.rows if row.attempt is not None]
+    idle = usage.idle_attempt_ids(a.pk for a in attempts)
+    stalled = usage.stalled_attempt_ids([a.pk for a in attempts if a.state == TaskState.RUNNING])
+    return {"usage_job_wide": True,
+            "usage_choices": [UsageChoice(a.task.role, a.task.index, a.number, a.state, a.node_name, a.pk in idle,
+                                          a.pk in stalled) for a in attempts]}
+
+
 def _usage_context(job: Job) -> dict:
     """What the usage panel needs; its graphs read the REST API (v2 .../metrics)."""
     names = {"username": job.owner.username, "name": job.name}
@@ -351,8 +382,7 @@ def _usage_context(job: Job) -> dict:
         "usage_metrics_url": reverse("api-v2:job_metrics", kwargs=names),
         # One task's samples (up to usage.MAX_SAMPLES) when a big job's page
         # shows it: ROLE and INDEX are filled in by the script.
-        "usage_task_metrics_url": reverse("api:task_metrics", kwargs={**names, "role": "ROLE", "index": "INDEX"}),
-        "usage_job_wide": usage.job_wide_graphs(job.total_tasks),
+        "usage_task_metrics_url": reverse("api-v2:task_metrics", kwargs={**names, "role": "ROLE", "index": "INDEX"}),
         # The job-wide graphs' menu offers windows up to this (seconds).
         "usage_max_window": usage_series.max_window_seconds(),
         "usage_sample_seconds": usage.sample_seconds(),

@@ -9,13 +9,17 @@
 // per task and GPU utilisation as a mean with the least and most busy
 // shaded around it -- added up by the server per time bucket
 // (.../metrics/summary, over the window picked in a menu), and one task's
-// graphs picked from a menu. They were added up here from the per-task
-// samples of one metrics answer, which reached back 20 samples a task for
-// a 1,000-task job.
+// graphs picked from a menu, read from that task's own address
+// (.../tasks/<role>/<index>/metrics) and polled there while it runs. The
+// menu is rendered by the server and refreshed with the task tables (a
+// live part, data-part="usagetasks"): it lists the tasks they show. The
+// page no longer asks the job's .../metrics, whose every task's samples
+// were 4.7 MB for a 1,000-task job, only to name its tasks.
 (function () {
   "use strict";
 
   var ACTIVE = { WAITING: 1, RUNNING: 1, STOPPING: 1 };
+  var ACTIVE_TASK = { ASSIGNED: 1, LAUNCHING: 1, RUNNING: 1 };
   var MIB = 1024 * 1024;
   var BLUE = "#2563eb", GREEN = "#16a34a", PURPLE = "#9333ea";
   var GIB = 1024 * MIB;
@@ -39,8 +43,10 @@
   var since = "";
   var finalPolls = 0;
   // A big job's page: its job-wide graphs and their buckets, the task menu
-  // and the task picked.
-  var whole = root.dataset.jobWide === "true" ? { box: null, charts: null, select: null, options: {}, keys: {}, picked: null,
+  // (the server's, with the option of the task picked kept in case the
+  // tables move on) and the task picked.
+  var whole = root.dataset.jobWide === "true" ? { box: null, charts: null, select: document.getElementById("usage-task"),
+                                                  menu: root.querySelector("[data-usage-pick]"), picked: null, kept: null,
                                                   url: url + "/summary", window: defaultWindow(), series: null, since: "", asked: 0 } : null;
 
   // An hour for an attempt younger than that (10 s buckets), 6 hours after;
@@ -176,15 +182,12 @@
 
   function drawTask(entry) {
     entry.flag.hidden = !entry.info.idleGpus;
-    var older = entry.older || { times: [], cpu: [], memory: [], gpu: [] };
-    var times = older.times.concat(entry.times);
-    if (!times.length) return;
-    setData(entry.charts.cpu, times, [older.cpu.concat(entry.cpu)]);
-    setData(entry.charts.memory, times, [older.memory.concat(entry.memory)]);
-    var gpu = older.gpu.concat(entry.gpu);
-    if (!gpu.some(notNull)) return;
+    if (!entry.times.length) return;
+    setData(entry.charts.cpu, entry.times, [entry.cpu]);
+    setData(entry.charts.memory, entry.times, [entry.memory]);
+    if (!entry.gpu.some(notNull)) return;
     entry.charts.gpu = entry.charts.gpu || chart(entry.box, "gpu", "GPU", "%", single("GPU", PURPLE));
-    setData(entry.charts.gpu, times, [gpu]);
+    setData(entry.charts.gpu, entry.times, [entry.gpu]);
   }
 
   function showTasks(body) {
@@ -250,7 +253,7 @@
       cpu: chart(box, "cpu", "CPU per task", "%", spread(BLUE)),
       memory: chart(box, "memory", "Memory, all tasks", " GiB", single("Memory", GREEN)),
     };
-    whole.select = taskMenu();
+    showMenu();
   }
 
   // A <select> with its label, in a `tag` of class `className`.
@@ -295,88 +298,92 @@
     whole.reporting.textContent = newest < total ? " (newest samples from " + newest + " of them)" : "";
   }
 
-  function taskMenu() {
-    var menu = labelled("div", "usage-pick", "usage-task", "Show one task");
-    var select = menu.select;
-    select.appendChild(new Option("None", ""));
-    select.addEventListener("change", function () { pick(select.value); });
-    menu.wrap.appendChild(windowMenu());
-    root.appendChild(menu.wrap);
-    return select;
+  // The server's task menu, under the job's graphs, with the window menu.
+  function showMenu() {
+    if (!whole.menu) return;
+    whole.menu.appendChild(windowMenu());
+    root.appendChild(whole.menu);
+    whole.menu.hidden = false;
   }
 
-  // Each task once, in the API's order (role, index), saying which ones
-  // have idle GPUs or stopped sending samples: where a researcher looks.
-  function syncMenu(body) {
-    var lasts = body.tasks.map(function (t) { return tasks[keyOf(t)].last || ""; });
-    var newest = Date.parse(lasts.slice().sort().pop() || "") || 0;
-    body.tasks.forEach(function (info, i) {
-      var entry = tasks[keyOf(info)];
-      var stalled = info.state === "RUNNING" && (!lasts[i] || newest - Date.parse(lasts[i]) > STALLED_MS);
-      var text = entry.name + (info.idleGpus ? " (GPUs idle)" : "") + (stalled ? " (no recent samples)" : "");
-      var option = whole.options[entry.name];
-      if (!option) {
-        option = whole.options[entry.name] = new Option(text, entry.name);
-        whole.select.appendChild(option);
-      }
-      whole.keys[entry.name] = keyOf(info);
-      if (option.textContent !== text) option.textContent = text;
-    });
+  function optionOf(name) {
+    return Array.prototype.filter.call(whole.select.options, function (o) { return o.value === name; })[0] || null;
+  }
+
+  // What the task's metrics and its figure need, from its option.
+  function infoOf(option) {
+    var data = option.dataset;
+    return { taskRole: data.role, taskIndex: parseInt(data.index, 10), attempt: parseInt(data.attempt, 10),
+             node: data.node, idleGpus: data.idleGpus === "true", samples: [] };
   }
 
   function unpick() {
     var entry = whole.picked;
     if (!entry) return;
+    clearTimeout(entry.timer);
     Object.keys(entry.charts).forEach(function (name) { entry.charts[name].plot.destroy(); });
     entry.box.remove();
-    entry.box = entry.flag = entry.charts = null;
-    whole.picked = null;
+    delete tasks[keyOf(entry.info)];
+    whole.picked = whole.kept = null;
   }
 
   function pick(name) {
     unpick();
-    var entry = tasks[whole.keys[name]];
-    if (!entry) return;
-    taskFigure(entry);
+    var option = name && optionOf(name);
+    if (!option) return;
+    var info = infoOf(option);
+    delete tasks[keyOf(info)];
+    var entry = record(info);
+    entry.finalPolls = 0;
     whole.picked = entry;
+    whole.kept = option.cloneNode(true);
+    taskFigure(entry);
     drawTask(entry);
-    backfill(entry);
+    pollTask(entry);
   }
 
-  // An answer for a big job gives each task only `samplesPerTask` samples
-  // (20 of a 1,000-task job): the task's own address gives up to 5,000 of
-  // the picked one. They are kept apart from `times`, which the polls
-  // extend (and `record` reads to drop what came twice).
-  function backfill(entry) {
-    if (!taskUrl || entry.older || !entry.times.length) return;
+  // The picked task's samples from its own address: first its newest (up to
+  // 5,000), then those after the last one it has, at the pace the nodes
+  // sample, while it runs and once after.
+  function pollTask(entry) {
     var info = entry.info;
     var address = taskUrl.replace(/\/ROLE\/INDEX\/metrics$/, "/" + encodeURIComponent(info.taskRole) + "/" + info.taskIndex + "/metrics");
-    entry.older = { times: [], cpu: [], memory: [], gpu: [] };
-    getJson(address + "?attempt=" + info.attempt).then(function (body) {
-      var first = entry.times[0];
-      body.samples.forEach(function (s) {
-        var at = Date.parse(s.time) / 1000;
-        if (at >= first) return;
-        entry.older.times.push(at);
-        entry.older.cpu.push(s.cpuPercent);
-        entry.older.memory.push(s.memoryBytes / MIB);
-        entry.older.gpu.push(s.gpus.length ? Math.max.apply(null, s.gpus.map(function (g) { return g.utilPercent; })) : null);
-      });
-      if (whole.picked === entry) drawTask(entry);
-    }).catch(function () { entry.older = null; });  // the next pick tries again
+    address += "?attempt=" + info.attempt + (entry.last ? "&since=" + encodeURIComponent(entry.last) : "");
+    var again = function () { pollTask(entry); };
+    getJson(address).then(function (body) {
+      if (whole.picked !== entry) return;  // another task was picked meanwhile
+      info.samples = body.samples;
+      record(info);
+      info.samples = [];
+      drawTask(entry);
+      if (ACTIVE_TASK[body.taskState] || entry.finalPolls++ < 1) entry.timer = setTimeout(again, document.hidden ? 15000 : period);
+    }).catch(function () {
+      if (whole.picked === entry) entry.timer = setTimeout(again, 15000);
+    });
+  }
+
+  // The live part replaced the menu's options (the tables show other tasks,
+  // or a task's flags changed), which drops the choice: the picked task
+  // stays picked, and in the menu even if the tables no longer show it. A
+  // task now in another job attempt (a retry) is picked again there.
+  function menuUpdated() {
+    var entry = whole.picked;
+    if (!entry) return;
+    var option = optionOf(entry.name);
+    if (!option) whole.select.appendChild(option = whole.kept.cloneNode(true));
+    whole.select.value = entry.name;
+    if (parseInt(option.dataset.attempt, 10) !== entry.info.attempt) {
+      pick(entry.name);
+      return;
+    }
+    whole.kept = option.cloneNode(true);
+    entry.info.idleGpus = option.dataset.idleGpus === "true";
+    entry.flag.hidden = !entry.info.idleGpus;
   }
 
   function ensureJobFigure(total) {
     if (!whole.box && total) jobFigure(total);
     return !!whole.box;
-  }
-
-  // The metrics answer of a big job: the task menu and the picked task.
-  function showJob(body) {
-    body.tasks.forEach(record);
-    if (!ensureJobFigure(body.tasks.length)) return;
-    syncMenu(body);
-    if (whole.picked) drawTask(whole.picked);
   }
 
   // The job-wide graphs: buckets after the newest one had, at the pace new
@@ -390,7 +397,7 @@
       if (!whole.series) whole.series = emptySeries();
       addBuckets(body);
       if (ensureJobFigure(body.taskCount)) drawJob(body.taskCount);
-      root.dataset.summaryLoaded = "true";
+      root.dataset.summaryLoaded = root.dataset.loaded = "true";
       var again = Math.max(period, body.bucketSeconds * 500);
       if (ACTIVE[body.state] || whole.finalPolls++ < 1) whole.timer = setTimeout(pollSummary, document.hidden ? Math.max(again, 15000) : again);
     }).catch(function () {
@@ -419,18 +426,25 @@
     return current[0];
   }
 
+  // A small job's every task.
   function poll() {
     getJson(url + (since ? "?since=" + encodeURIComponent(since) : "")).then(function (body) {
-      if (whole) showJob(body);
-      else showTasks(body);
+      showTasks(body);
       since = nextSince(body);
       root.dataset.loaded = "true";
       if (ACTIVE[body.state] || finalPolls++ < 1) setTimeout(poll, document.hidden ? 15000 : period);
     }).catch(function () { setTimeout(poll, 15000); });
   }
-  poll();
   if (whole) {
     whole.finalPolls = 0;
+    if (whole.select) {
+      whole.select.addEventListener("change", function () { pick(whole.select.value); });
+      document.addEventListener("portal:part-updated", function (event) {
+        if (event.detail.name === "usagetasks") menuUpdated();
+      });
+    }
     pollSummary();
+  } else {
+    poll();
   }
 })();

@@ -32,9 +32,10 @@ def minutes_back(n: int) -> datetime:
 
 
 def round_of(attempts: list[TaskAttempt], when: datetime, *, cpu: float, gpus: bool = True) -> list[usage.Sample]:
-    """One sample of each task: task i at cpu + 10 i %, (i + 1) GiB, its GPU at cpu / 2 + i %."""
+    """One sample of each task: task i at cpu + 10 i %, (i + 1) GiB, its GPU (the node's GPU it holds, as
+    the sampler writes it) at cpu / 2 + i %."""
     return [usage.Sample(attempt_id=a.pk, at=when, cpu_percent=cpu + 10 * i, memory_bytes=(i + 1) * 2**30,
-                         gpus=[{"index": 0, "utilPercent": cpu / 2 + i, "memoryUsedBytes": 1}] if gpus else [])
+                         gpus=[{"index": a.gpus[0], "utilPercent": cpu / 2 + i, "memoryUsedBytes": 1}] if gpus else [])
             for i, a in enumerate(attempts)]
 
 

@@ -222,27 +222,41 @@ def bucket_sql(column: str) -> str:
     return f"({epoch_seconds_sql(column, connection.vendor)} / %s)"
 
 
-def _gpu_sql(position: int) -> str:
-    """The utilisation of a sample's GPU at `position` in its list, NULL if
-    it has none there."""
+def _gpu_sql(column: int, gpus: int) -> str:
+    """The utilisation in a sample of its task's `column`-th GPU, as its task
+    attempt holds them (`a.gpus`, node GPU indexes), NULL if the sample has
+    no figure for it. Matched on the GPU's `index`, not on its place in the
+    sample's list: the sampler skips a GPU NVML cannot read, which moves
+    the next ones up, and a task's GPUs must not be averaged with each
+    other within a bucket. It looks first where the sampler writes it (in
+    the task's order), so a steady task costs one comparison per GPU."""
+    places = [column, *(p for p in range(gpus) if p != column)]
     if connection.vendor == "postgresql":
-        return f"CAST(u.gpus -> {position:d} ->> 'utilPercent' AS DOUBLE PRECISION)"
-    return f"json_extract(u.gpus, '$[{position:d}].utilPercent')"
+        held = f"(a.gpus -> {column:d})"
+        whens = [f"WHEN u.gpus -> {p:d} -> 'index' = {held} "
+                 f"THEN CAST(u.gpus -> {p:d} ->> 'utilPercent' AS DOUBLE PRECISION)" for p in places]
+    else:
+        held = f"json_extract(a.gpus, '$[{column:d}]')"
+        whens = [f"WHEN json_extract(u.gpus, '$[{p:d}].index') = {held} "
+                 f"THEN json_extract(u.gpus, '$[{p:d}].utilPercent')" for p in places]
+    return f"CASE {' '.join(whens)} END"
 
 
 def per_task_sql(where: str, gpus: int, *, bucket: bool) -> str:
     """A query of one row per task attempt (and bucket, if `bucket`: the
     width is then its first parameter) of the samples `where` (SQL over
     the samples' table called `u`): its mean CPU, memory and each GPU's
-    utilisation by position in its list (the sampler writes a task's GPUs
-    in its order). Fixed columns cost nothing next to reading the rows,
+    utilisation, column i the task's i-th GPU as its attempt holds them
+    (`_gpu_sql`). Fixed columns cost nothing next to reading the rows,
     where expanding each list into rows (json_each, jsonb_array_elements)
     took longer than all the rest (bench/big_job_page.py)."""
     table = connection.ops.quote_name(TaskUsage._meta.db_table)
-    gpu_columns = "".join(f", AVG({_gpu_sql(i)}) AS g{i}" for i in range(gpus))
+    held = connection.ops.quote_name(TaskAttempt._meta.db_table)
+    gpu_columns = "".join(f", AVG({_gpu_sql(i, gpus)}) AS g{i}" for i in range(gpus))
     key = f", {bucket_sql('u.at')} AS b" if bucket else ""
+    join = f"JOIN {held} a ON a.id = u.attempt_id " if gpus else ""
     return (f"SELECT u.attempt_id{key}, AVG(u.cpu_percent) AS cpu, AVG(u.memory_bytes) AS memory{gpu_columns} "
-            f"FROM {table} u WHERE {where} GROUP BY u.attempt_id{', b' if bucket else ''}")
+            f"FROM {table} u {join}WHERE {where} GROUP BY u.attempt_id{', b' if bucket else ''}")
 
 
 def figures_sql(gpus: int) -> str:

@@ -157,10 +157,14 @@ def rounds_at(count: int) -> list[float]:
     return [newest - step * (count - 1 - k) for k in range(count)]
 
 
-def sample(attempt_id: int, at: float, *, cpu: float, memory_gib: float, gpu: list[float] | None = None) -> TaskUsage:
+def sample(attempt_id: int, at: float, *, cpu: float, memory_gib: float, gpu: list[float] | None = None,
+           indexes: list[int] | None = None) -> TaskUsage:
+    """GPU figures `gpu` of the node's GPUs `indexes` (0, 1, ... unless given)."""
+    gpu = gpu or []
     return TaskUsage(attempt_id=attempt_id, at=datetime.fromtimestamp(at, UTC), cpu_percent=cpu,
                      memory_bytes=int(memory_gib * 2**30),
-                     gpus=[{"index": i, "utilPercent": u, "memoryUsedBytes": 2**30} for i, u in enumerate(gpu or [])])
+                     gpus=[{"index": i, "utilPercent": u, "memoryUsedBytes": 2**30}
+                           for i, u in zip(indexes if indexes is not None else range(len(gpu)), gpu)])
 
 
 def plot_data(page, selector: str) -> list[list[float | None]]:
@@ -394,7 +398,7 @@ def test_a_big_jobs_graphs_fit_a_phone(browser, portal_in_process, alice, rows_n
     Node.objects.filter(pk=rows_node.pk).update(gpus_simulated=False)
     job = big_job(alice, rows_node, tasks=300, attempts=1, samples=0)
     store([
-        sample(a.pk, at + 0.01 * i, cpu=20.0 + i % 50 + k, memory_gib=1.5, gpu=[float(i % 90)])
+        sample(a.pk, at + 0.01 * i, cpu=20.0 + i % 50 + k, memory_gib=1.5, gpu=[float(i % 90)], indexes=a.gpus)
         for i, a in enumerate(TaskAttempt.objects.filter(job=job)) for k, at in enumerate(rounds_at(20))])
     page = job_page(browser, portal_in_process, alice, job, width=390)
     expect(page.locator("#usage-charts .usage-chart")).to_have_count(4)

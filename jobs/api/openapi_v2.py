@@ -144,7 +144,8 @@ def _paths() -> dict[str, Schema]:
             })), **errors(400, 401, 404)}, tag="access", parameters=[
                 query_param("since", "only samples after this ISO-8601 time", STRING),
                 query_param("attempt", "the job attempt (default: the current one)", {"type": "integer", "minimum": 1}),
-            ], description="The job's owner and admins only; the job page's graphs read this.")},
+            ], description="The job's owner and admins only; the job page's graphs of a job of up to 8 tasks read "
+                           "this. A bigger job's page reads .../metrics/summary and its picked task's own metrics.")},
         "/jobs/{username}~{name}/metrics/summary": {"parameters": JOB_PARAMS, "get": operation(
             "Read a job's usage added up over its tasks", {**answer(200, "The attempt's tasks per time bucket.", obj({
                 "job": STRING, "state": STRING, "attempt": INTEGER, "taskCount": INTEGER,

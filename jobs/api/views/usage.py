@@ -2,7 +2,9 @@
 (jobs/services/usage.py). For the job's owner and admins; anyone else gets
 the same 404 as for a job that does not exist, anonymous callers a 401.
 
-- v1: `user/{user}/jobs/{name}/tasks/{role}/{index}/metrics` -> one task's samples;
+- v1: `user/{user}/jobs/{name}/tasks/{role}/{index}/metrics` (and v2's
+  `jobs/{user}~{name}/tasks/...`) -> one task's samples (what the job page
+  of a big job draws for the task picked in its menu);
 - v2: `jobs/{user}~{name}/metrics` -> every task of the job's current attempt
   (what the job page's graphs of a small job draw);
 - v2: `jobs/{user}~{name}/metrics/summary` -> the attempt's tasks added up

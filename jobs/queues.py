@@ -19,6 +19,9 @@ SCHEDULE_TIMEOUT = 300
 LAUNCH_TIMEOUT = 3600  # a first pull of a big image can take long
 STOP_TIMEOUT = 120
 
+# A launch request: node name, task attempt id, and the id of the job's owner.
+Launch = tuple[str, int, int]
+
 
 @functools.cache
 def connection() -> Redis:
@@ -146,39 +149,41 @@ def _launch_marker(attempt_id: int) -> str:
     return f"{_prefix()}:launch-requested:{attempt_id}"
 
 
-def enqueue_launch(node_name: str, attempt_id: int) -> None:
+def enqueue_launch(node_name: str, attempt_id: int, owner_id: int | None) -> None:
+    """`owner_id`: the job owner's, which the node takes launches in turn by
+    (jobs/node/launch_queue.py) without a query of its own."""
     connection().set(_launch_marker(attempt_id), "1", ex=LAUNCH_TIMEOUT)
     _queue(node_queue_name(node_name)).enqueue(
-        "jobs.tasks.launch_task", attempt_id, job_timeout=LAUNCH_TIMEOUT, result_ttl=0, failure_ttl=86400
+        "jobs.tasks.launch_task", attempt_id, owner_id, job_timeout=LAUNCH_TIMEOUT, result_ttl=0, failure_ttl=86400
     )
 
 
-def enqueue_launches(launches: list[tuple[str, int]]) -> None:
-    """`enqueue_launch` for each (node name, attempt id), in pipelines: a
+def enqueue_launches(launches: list[Launch]) -> None:
+    """`enqueue_launch` for each (node name, attempt id, owner id), in pipelines: a
     scheduling pass may start thousands of tasks, and one at a time costs
     several round trips each (bench/scheduler_scale.py)."""
     for first in range(0, len(launches), 500):
         batch = launches[first:first + 500]
-        by_node: dict[str, list[int]] = {}
-        for node_name, attempt_id in batch:
-            by_node.setdefault(node_name, []).append(attempt_id)
+        by_node: dict[str, list[tuple[int, int | None]]] = {}
+        for node_name, attempt_id, owner_id in batch:
+            by_node.setdefault(node_name, []).append((attempt_id, owner_id))
         with connection().pipeline() as pipe:
-            for _node_name, attempt_id in batch:
+            for _node_name, attempt_id, _owner_id in batch:
                 pipe.set(_launch_marker(attempt_id), "1", ex=LAUNCH_TIMEOUT)
-            for node_name, attempt_ids in by_node.items():
+            for node_name, requests in by_node.items():
                 _queue(node_queue_name(node_name)).enqueue_many([
-                    Queue.prepare_data("jobs.tasks.launch_task", (attempt_id,), timeout=LAUNCH_TIMEOUT, result_ttl=0,
-                                       failure_ttl=86400)
-                    for attempt_id in attempt_ids
+                    Queue.prepare_data("jobs.tasks.launch_task", (attempt_id, owner_id), timeout=LAUNCH_TIMEOUT,
+                                       result_ttl=0, failure_ttl=86400)
+                    for attempt_id, owner_id in requests
                 ], pipeline=pipe)
             pipe.execute()
 
 
-def enqueue_launch_if_lost(node_name: str, attempt_id: int) -> None:
+def enqueue_launch_if_lost(node_name: str, attempt_id: int, owner_id: int | None) -> None:
     """Re-send a launch request only if Redis no longer knows of one (it was
     flushed or restarted); a request still queued is left alone."""
     if not connection().exists(_launch_marker(attempt_id)):
-        enqueue_launch(node_name, attempt_id)
+        enqueue_launch(node_name, attempt_id, owner_id)
 
 
 def launch_started(attempt_id: int) -> None:

@@ -15,9 +15,10 @@ def schedule() -> int:
     return services.schedule_pass(here=agent.launch_here())
 
 
-def launch_task(attempt_id: int) -> None:
+def launch_task(attempt_id: int, owner_id: int | None = None) -> None:
+    # owner_id: None in a request queued by a portal from before it was sent.
     queues.launch_started(attempt_id)
-    agent.current().runner.launch(attempt_id)
+    agent.current().runner.launch(attempt_id, owner_id)
 
 
 def stop_task(attempt_id: int) -> None:

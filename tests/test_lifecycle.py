@@ -423,7 +423,7 @@ def test_a_pass_run_by_a_nodes_agent_hands_that_nodes_launches_over_and_queues_t
         memory_mb=16000, gpus=node.gpus, gpus_simulated=True, port_start=40000, port_end=40099,
         last_heartbeat=timezone.now() + timedelta(hours=1), agent_pid=os.getpid())
     try:
-        taken: list[int] = []
+        taken: list[tuple[int, int]] = []
         # The submission and the pass in one transaction: the pass that the
         # submission asks for (run by a test cluster's agent, when one is up)
         # sees the job only once this one has placed it, and finds nothing to
@@ -431,15 +431,16 @@ def test_a_pass_run_by_a_nodes_agent_hands_that_nodes_launches_over_and_queues_t
         with transaction.atomic():
             job = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", role(tasks=2, gpuNumber=8),
                                        gpuType=node.gpus[0]["type"]))
-            services.schedule_pass(here=services.LaunchHere(node_name=node.name, launch=taken.append))
+            services.schedule_pass(here=services.LaunchHere(
+                node_name=node.name, launch=lambda attempt_id, owner_id: taken.append((attempt_id, owner_id))))
             assert taken == []  # not before the placements are committed
         job.refresh_from_db()
         assert job.state == State.RUNNING, job.waiting_reason
         placed = dict(TaskAttempt.objects.filter(job=job).values_list("node__name", "pk"))
-        assert taken == [placed[node.name]]
+        assert taken == [(placed[node.name], alice.pk)]  # whose: the node takes launches in turn by owner
         mine, theirs = (Queue(queues.node_queue_name(n.name), connection=queues.connection()) for n in (node, other))
         assert mine.count == 0
-        assert [request.args for request in theirs.jobs] == [(placed[other.name],)]
+        assert [request.args for request in theirs.jobs] == [(placed[other.name], alice.pk)]
     finally:
         Node.objects.filter(pk=other.pk).update(schedulable=False, last_heartbeat=timezone.now())
         for attempt_id in TaskAttempt.objects.filter(node=other, state__in=ACTIVE_TASK_STATES).values_list("pk", flat=True):
@@ -476,7 +477,7 @@ def test_a_pass_on_sqlite_reads_again_under_the_lock_only_after_another_connecti
 
     monkeypatch.setattr(scheduling, "_read", read)
     monkeypatch.setattr(scheduling, "_data_version", lambda: versions.append(real_version()) or versions[-1])
-    here = services.LaunchHere(node_name=node.name, launch=lambda attempt_id: None)
+    here = services.LaunchHere(node_name=node.name, launch=lambda attempt_id, owner_id: None)
     gpus = role(gpuNumber=1)
 
     first = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", gpus, gpuType=node.gpus[0]["type"]))
@@ -518,7 +519,7 @@ def test_a_stop_asked_while_a_task_starts_does_not_deadlock_with_recording_its_s
     if connection.vendor != "postgresql":
         pytest.skip("SQLite's write lock, taken at BEGIN, makes the two wait in turn")
     job = submit(alice, config(f"lc-{uuid.uuid4().hex[:8]}", role(gpuNumber=1), gpuType=node.gpus[0]["type"]))
-    services.schedule_pass(here=services.LaunchHere(node_name=node.name, launch=lambda attempt_id: None))
+    services.schedule_pass(here=services.LaunchHere(node_name=node.name, launch=lambda attempt_id, owner_id: None))
     attempt = TaskAttempt.objects.get(job=job)
     assert services.attempt_claim_launch(attempt.pk)
 

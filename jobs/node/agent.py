@@ -25,6 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+from django.db.models import F
 from rq import SimpleWorker
 from rq.exceptions import StopRequested
 
@@ -368,17 +369,18 @@ class NodeAgent:
         """Active tasks of this node with no container: launch requests lost
         with Redis are sent again; launches cut off by a crash are retried."""
         now = db_clock.now()  # as the pass that assigned them and the agent that launched them
-        active = TaskAttempt.objects.filter(node_id=self.node.pk, state__in=ACTIVE_TASK_STATES).exclude(pk__in=seen)
+        active = (TaskAttempt.objects.filter(node_id=self.node.pk, state__in=ACTIVE_TASK_STATES).exclude(pk__in=seen)
+                  .annotate(job_owner_id=F("job__owner_id")))  # the request says whose (LaunchQueue)
         for attempt in active:
             if self.watchers.is_watching(attempt.pk) or self.runner.is_launching(attempt.pk):
                 continue
             if attempt.state == TaskState.ASSIGNED and now - attempt.assigned_at > timedelta(seconds=2):
-                queues.enqueue_launch_if_lost(self.node.name, attempt.pk)
+                queues.enqueue_launch_if_lost(self.node.name, attempt.pk, attempt.job_owner_id)
             elif attempt.state == TaskState.LAUNCHING and (
                 fresh_start or (attempt.launched_at and now - attempt.launched_at > timedelta(minutes=30))
             ):
                 if services.attempt_unclaim(attempt.pk):
-                    queues.enqueue_launch(self.node.name, attempt.pk)
+                    queues.enqueue_launch(self.node.name, attempt.pk, attempt.job_owner_id)
             elif attempt.state == TaskState.RUNNING:
                 services.attempt_record_exit(attempt.pk, services.ContainerExit(
                     None, exit_type="PLATFORM", error="the container disappeared (removed outside the portal?)"))

@@ -17,7 +17,6 @@ import ipaddress
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from jobs.models import ExitType, Job, SshKey, TaskAttempt
 from jobs.node import launcher
 from jobs.node.context import NodeContext
 from jobs.node.images import ImageGate, LaunchSetAside, PullSlots, RepositoryRecord, resolve_host
+from jobs.node.launch_queue import LaunchQueue
 from jobs.node.staging import CodeStager, owner_reader, stage_folder
 from jobs.services import db_clock
 from jobs.services.access import ensure_job_key_pair
@@ -63,6 +63,11 @@ class LaunchTiming:
     def mark(self, name: str) -> None:
         if self.marks:
             self.marks[name] = time.time()
+
+    def count(self, name: str, value: int) -> None:
+        """A position in the launch order (LaunchQueue), not a moment."""
+        if self.marks:
+            self.marks[name] = value
 
     def write(self) -> None:
         if self.marks:
@@ -250,7 +255,8 @@ class Runner:
         self._lock = threading.Lock()
         self._launching: set[int] = set()  # claimed, not yet handed to a watcher
         self._stop_asked: set[int] = set()  # of those, the ones to stop once started
-        self._launches: queue.Queue[tuple[int, LaunchTiming]] = queue.Queue()
+        self._owners: dict[int, int | None] = {}  # of those, whose they are: their turn in the line
+        self._launches: LaunchQueue[tuple[int, LaunchTiming]] = LaunchQueue()
         self._network_locks = [threading.Lock() for _ in range(16)]
         self._default_network = DefaultNetwork(context.engine)
         for number in range(LAUNCH_THREADS):
@@ -258,8 +264,11 @@ class Runner:
 
     # ------------------------------------------------------------- launching
 
-    def launch(self, attempt_id: int) -> None:
-        """Claim the launch (in the RQ worker) and hand it to a launch thread."""
+    def launch(self, attempt_id: int, owner_id: int | None = None) -> None:
+        """Claim the launch (in the RQ worker) and hand it to a launch thread.
+        `owner_id`: the job owner's, as the launch request says it, so that
+        launches are taken in turn by owner (LaunchQueue) without a query;
+        None (a request sent before requests said it) waits in a line of its own."""
         timing = LaunchTiming(attempt_id)
         if not services.attempt_claim_launch(attempt_id):
             return
@@ -267,13 +276,17 @@ class Runner:
         # Until its watcher is registered, reconciliation leaves it alone.
         with self._lock:
             self._launching.add(attempt_id)
-        self._launches.put((attempt_id, timing))
+            self._owners[attempt_id] = owner_id
+        timing.count("taken_before", self._launches.put(owner_id, (attempt_id, timing)))
 
     def _relaunch(self, attempt_id: int) -> None:
         """An attempt set aside (ImageGate: its owner's pulls under way, its
-        own check or pull, its registry unreachable) goes back in line; it is
-        still claimed and launching."""
-        self._launches.put((attempt_id, LaunchTiming(attempt_id)))
+        own check or pull, its registry unreachable) goes back in line, its
+        owner's; it is still claimed and launching."""
+        timing = LaunchTiming(attempt_id)
+        with self._lock:
+            owner_id = self._owners.get(attempt_id)
+        timing.count("taken_before", self._launches.put(owner_id, (attempt_id, timing)))
 
     def is_launching(self, attempt_id: int) -> bool:
         with self._lock:
@@ -291,7 +304,8 @@ class Runner:
 
     def _launch_loop(self) -> None:
         while True:
-            attempt_id, timing = self._launches.get()
+            (attempt_id, timing), position = self._launches.get()
+            timing.count("position", position)
             set_aside = False
             try:
                 close_old_connections()
@@ -308,6 +322,7 @@ class Runner:
                     with self._lock:
                         self._launching.discard(attempt_id)
                         self._stop_asked.discard(attempt_id)
+                        self._owners.pop(attempt_id, None)
                     self._images.finished(attempt_id)
                     timing.write()
 

@@ -528,9 +528,9 @@ def _with_networks(starts: list[_Start]) -> list[_Start]:
     return ready
 
 
-def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -> list[tuple[str, int]]:
+def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -> list[queues.Launch]:
     """Every placed job RUNNING with its task attempts and allocations, a
-    few statements for the whole pass; (node name, attempt id) to launch."""
+    few statements for the whole pass; (node name, attempt id, owner id) to launch."""
     job_ids = [start.job.pk for start in starts]
     Job.objects.filter(pk__in=_among(job_ids), state=State.WAITING).update(state=State.RUNNING, waiting_reason="")
     notifications.jobs_state_changed(jobs=[start.job for start in starts], previous=State.WAITING, state=State.RUNNING)
@@ -563,7 +563,8 @@ def _write_starts(starts: list[_Start], nodes: dict[int, scheduler.NodeState]) -
     rows_sql.insert_values(PortAllocation, ["address", "port", "node_id", "attempt_id"],
                            [(row["host_ip"], port, p.node_id, ids[row["task_id"]]) for row, p in zip(rows, placements)
                             for ports in p.ports.values() for port in ports])
-    return [(row["node_name"], ids[row["task_id"]]) for row in rows]
+    owners = {start.job.pk: start.job.owner_id for start in starts}
+    return [(row["node_name"], ids[row["task_id"]], owners[row["job_id"]]) for row in rows]
 
 
 def _attempts_running(starts: list[_Start]) -> None:
@@ -620,8 +621,8 @@ def _record_waiting(plan: _Plan) -> None:
                                [reason, State.WAITING, *ids])
 
 
-def _place(plan: _Plan) -> list[tuple[str, int]]:
-    """Write the plan's placements; (node name, attempt id) to launch."""
+def _place(plan: _Plan) -> list[queues.Launch]:
+    """Write the plan's placements; (node name, attempt id, owner id) to launch."""
     starts = _with_networks(_starts(plan.decision.placed))
     launches = _write_starts(starts, {node.id: node for node in plan.nodes}) if starts else []
     for job_id in plan.decision.placed:
@@ -642,7 +643,7 @@ class LaunchHere:
     """The node whose agent runs this pass, and its way to take a launch."""
 
     node_name: str
-    launch: Callable[[int], None]
+    launch: Callable[[int, int], None]  # attempt id, owner id
 
 
 def schedule_pass(*, here: LaunchHere | None = None) -> int:
@@ -733,10 +734,10 @@ def _carry_out(plan: _Plan, here: LaunchHere | None) -> int:
     launches = _place(plan) if plan.decision.placed else []
     _record_waiting(plan)
     transaction.on_commit(lambda: _send_launches(launches, here))
-    return len({attempt_id for _name, attempt_id in launches})
+    return len({attempt_id for _name, attempt_id, _owner_id in launches})
 
 
-def _send_launches(launches: list[tuple[str, int]], here: LaunchHere | None) -> None:
+def _send_launches(launches: list[queues.Launch], here: LaunchHere | None) -> None:
     """A launch request to each node's queue, except for the node whose
     agent runs the pass: it takes its own at once, without the trip through
     Redis and the RQ job around each request (~4 ms and the worker's CPU,
@@ -745,9 +746,9 @@ def _send_launches(launches: list[tuple[str, int]], here: LaunchHere | None) -> 
     if here is None:
         queues.enqueue_launches(launches)
         return
-    queues.enqueue_launches([(name, attempt_id) for name, attempt_id in launches if name != here.node_name])
-    for attempt_id in [attempt_id for name, attempt_id in launches if name == here.node_name]:
+    queues.enqueue_launches([launch for launch in launches if launch[0] != here.node_name])
+    for _name, attempt_id, owner_id in [launch for launch in launches if launch[0] == here.node_name]:
         try:
-            here.launch(attempt_id)
+            here.launch(attempt_id, owner_id)
         except Exception:  # the others still go; this one is sent again as above
             log.exception("could not take the launch of task attempt %s", attempt_id)

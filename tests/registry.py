@@ -5,9 +5,11 @@ so no certificate is needed."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -161,3 +163,89 @@ def registry_agent(cluster, registry: str, name: str, *, gpus: int, gpu_type: st
         yield name
     finally:
         stop_node_agent(cluster, name)
+
+
+class DroppingProxy:
+    """A TCP proxy on loopback to the registry at `upstream`, through which
+    the engine pulls (its address names the images). While `dropping` is
+    set, the answer to a GET of the blob `blob` (a digest) is cut after its
+    headers and a few bytes of its body, and the connection reset, as by a
+    registry (or the network before it) that drops mid-pull; all else goes
+    through as it is. `cuts`: how many answers it cut so far."""
+
+    def __init__(self, upstream: str, blob: str) -> None:
+        self.upstream = upstream
+        self.blob = blob.encode()
+        self.dropping = threading.Event()
+        self.cuts = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, name="dropping-proxy", daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            host, _, port = self.upstream.rpartition(":")
+            server = socket.create_connection((host, int(port)), 10)
+            doomed = threading.Event()  # the answer now coming is the blob's, to be cut
+            threading.Thread(target=self._requests, args=(client, server, doomed), daemon=True).start()
+            threading.Thread(target=self._answers, args=(server, client, doomed), daemon=True).start()
+
+    def _requests(self, client: socket.socket, server: socket.socket, doomed: threading.Event) -> None:
+        # The engine sends a request on a connection only once the answer
+        # before it was read: what the server sends after this GET is its answer.
+        blob_get = re.compile(rb"(?:^|\r\n)GET /v2/\S*/blobs/" + re.escape(self.blob) + rb" ")
+        try:
+            while data := client.recv(65536):
+                if self.dropping.is_set() and blob_get.search(data):
+                    doomed.set()
+                server.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(server)
+
+    def _answers(self, server: socket.socket, client: socket.socket, doomed: threading.Event) -> None:
+        held = b""
+        try:
+            while data := server.recv(65536):
+                if not doomed.is_set():
+                    client.sendall(data)
+                    continue
+                held += data
+                headers_end = held.find(b"\r\n\r\n")
+                if headers_end >= 0 and len(held) >= headers_end + 4 + 8:
+                    client.sendall(held[:headers_end + 4 + 8])  # headers, and 8 bytes of the body
+                    self.cuts += 1
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+                    # Wakes the thread reading the engine's requests on this socket:
+                    # until it lets go of it, closing it here sends nothing.
+                    client.shutdown(socket.SHUT_RD)
+                    break
+        except OSError:
+            pass
+        finally:
+            _close(client)
+            _close(server)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+@contextmanager
+def dropping_proxy(upstream: str, blob: str) -> Iterator[DroppingProxy]:
+    proxy = DroppingProxy(upstream, blob)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -16,7 +16,9 @@ one with htpasswd), stopped by PID and started again on the same port.
 
 from __future__ import annotations
 
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,10 +27,10 @@ import docker.errors
 import pytest
 from django.conf import settings as django_settings
 
-from jobs.models import ExitType, ImagePull, Job, State, TaskAttempt, TaskState
+from jobs.models import ExitType, ImagePull, Job, State, Stream, TaskAttempt, TaskState
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, login, role, submit, wait_state
-from tests.registry import down, registry_agent, running_registry
+from tests.registry import DroppingProxy, down, dropping_proxy, forget, registry_agent, running_registry
 
 pytestmark = pytest.mark.services
 
@@ -77,9 +79,32 @@ def _images_removed(docker_engine, open_registry, private_registry) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def outage_node(cluster, _images_removed, open_registry, private_registry) -> Iterator[str]:
+def dropped_image(open_registry, _images_removed) -> Iterator[tuple[str, str]]:
+    """outage/dropped:latest in the open registry only (busybox and a layer
+    of its own, so no image of the engine has its config), and the digest
+    of its config, the blob the engine fetches first in a pull."""
+    image = f"{open_registry}/outage/dropped:latest"
+    subprocess.run(["docker", "build", "-q", "-t", image, "-"], input=f"FROM {BUSYBOX_IMAGE}\nRUN echo {uuid.uuid4()} > /own\n",
+                   text=True, check=True, capture_output=True, timeout=300)
+    api = docker.from_env().api
+    digest = api.inspect_image(image)["Id"]
+    events = list(api.push(image, stream=True, decode=True))
+    assert not [e for e in events if e.get("error")], events
+    forget(image)
+    yield image, digest
+
+
+@pytest.fixture(scope="module")
+def dropping(open_registry, dropped_image) -> Iterator[DroppingProxy]:
+    """A proxy to the open registry that cuts its image's config mid-answer while asked to."""
+    with dropping_proxy(open_registry, dropped_image[1]) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def outage_node(cluster, _images_removed, open_registry, private_registry, dropping) -> Iterator[str]:
     with registry_agent(cluster, open_registry, NODE, gpus=4, gpu_type=GPU_TYPE, env={
-            "REGISTRY_ALLOWED": f"{open_registry},{private_registry}",
+            "REGISTRY_ALLOWED": f"{open_registry},{private_registry},{dropping.address}",
             "IMAGE_PULL_REGISTRY_WAIT_SECONDS": str(WAIT_SECONDS)}) as name:
         yield name
 
@@ -119,10 +144,14 @@ def test_it_tells_a_registry_it_cannot_reach_from_a_refusal():
                     'Get "http://127.0.0.1:5911/v2/": net/http: request canceled (Client.Timeout exceeded '
                     'while awaiting headers)',
                     "received unexpected HTTP status: 503 Service Unavailable",
-                    "received unexpected HTTP status: 502 Bad Gateway"):
+                    "received unexpected HTTP status: 502 Bad Gateway",
+                    # A pull the registry dropped half-way (a reset, a body cut short).
+                    "error pulling image configuration: read tcp 127.0.0.1:40312->127.0.0.1:5911: read: "
+                    "connection reset by peer", "unexpected EOF"):
         assert registry_unreachable(message), message
     for message in ('Head "http://127.0.0.1:5911/v2/x/busybox/manifests/latest": no basic auth credentials',
                     "unauthorized: authentication required", "manifest unknown: manifest unknown",
+                    "blob unknown: blob unknown to registry",
                     "denied: requested access to the resource is denied",
                     "pull access denied for x, repository does not exist or may require 'docker login'"):
         assert not registry_unreachable(message), message
@@ -184,3 +213,29 @@ def test_nothing_is_started_from_the_cache_while_the_registry_cannot_be_asked(
     refused = wait_state(run(bob, "refused", image), State.SUCCEEDED, State.FAILED, timeout=WAIT_SECONDS)
     assert refused.exit_type == ExitType.IMAGE_PULL and time.monotonic() - started < WAIT_SECONDS
     assert not ImagePull.objects.filter(attempt__job=refused, state=ImagePull.State.WAITING).exists()
+
+
+def test_a_pull_the_registry_drops_half_way_is_pulled_again_within_the_wait(
+        alice, settings, dropped_image, dropping, outage_node):
+    # Through the proxy: the registry answers the manifest, then breaks off
+    # the image's config after a few bytes, which the engine does not try
+    # again. As for a registry that cannot be reached before the pull, the
+    # launch waits, saying so, and pulls again; not a failed task.
+    settings.REGISTRY_ALLOWED = [*settings.REGISTRY_ALLOWED, dropping.address]
+    image = f"{dropping.address}/{dropped_image[0].split('/', 1)[1]}"  # the same, through the proxy
+    dropping.dropping.set()
+    try:
+        job = run(alice, "dropped", image)
+        pull = waiting_for_the_registry(job)
+    finally:
+        dropping.dropping.clear()
+    assert dropping.cuts >= 1
+    assert pull.error.startswith(f"the registry {dropping.address} broke off the pull: "), pull.error
+    assert "connection reset" in pull.error or "unexpected EOF" in pull.error, pull.error
+    assert "(IMAGE_PULL_REGISTRY_WAIT_SECONDS)" in pull.error
+    job = wait_state(job, State.SUCCEEDED, State.FAILED, timeout=WAIT_SECONDS + 30)
+    assert job.state == State.SUCCEEDED, job.exit_reason
+    assert lines(job) == ["dropped ran"]
+    notes = lines(job, Stream.PLATFORM)
+    assert any("waiting for the registry: the registry" in note and "broke off the pull" in note for note in notes), notes
+    forget(image)

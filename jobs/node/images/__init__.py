@@ -49,7 +49,9 @@ when it ends (finding 47): two users' pulls held all of them. A registry that
 cannot be reached (refused, timed out, 5xx: RegistryUnreachable) is asked
 again with backoff for IMAGE_PULL_REGISTRY_WAIT_SECONDS, the launch set
 aside meanwhile and nothing started, then the task fails (finding 46); a
-refusal fails at once.
+refusal fails at once. So is a pull the registry broke off half-way (the
+engine's connection reset or timed out: PullInterrupted), pulled again;
+not a pull given up by the limits above, which are the node's own.
 
 A pull's progress (PullRecord) goes to the database for the job page: at
 its start, then at most every PROGRESS_INTERVAL seconds (a pull sends

@@ -22,7 +22,7 @@ from jobs.models import ExitType
 from jobs.node.images.records import PullRecord, RepositoryRecord
 from jobs.node.images.registries import node_registry_refusal
 from jobs.node.images.slots import PullSlots
-from jobs.node.launcher import Engine, LaunchError, LaunchStopped, RegistryAuth, RegistryUnreachable
+from jobs.node.launcher import Engine, LaunchError, LaunchStopped, PullInterrupted, RegistryAuth, RegistryUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,14 @@ ASIDE_AFTER_SECONDS = 2.0
 # Asking an unreachable registry again (finding 46): after 2 s, then twice
 # as long each time, at most a minute apart.
 REGISTRY_RETRY_FIRST, REGISTRY_RETRY_MAX = 2.0, 60.0
+
+
+def _why_given_up(registry: str, *, dropped: bool, limit: float) -> str:
+    """Why a launch that waited for its registry (or could not) fails."""
+    after = f" for {limit} s (IMAGE_PULL_REGISTRY_WAIT_SECONDS)" if limit else ""
+    if dropped:
+        return f"the registry {registry} broke off the pull" + (f", again after trying{after}" if limit else "")
+    return f"the registry {registry} could not be reached{after}"
 
 
 @dataclass(frozen=True)
@@ -318,18 +326,21 @@ class ImageGate:
         with self._lock:
             since, tries = self._unreachable_since.get(attempt_id, (now, 0)) if attempt_id is not None else (now, 0)
         waited = now - since
+        # A pull the registry broke off (PullInterrupted) is pulled again, as
+        # an unreachable registry is asked again; each says which it was.
+        dropped = isinstance(outcome.error, PullInterrupted)
         if not can_wait or attempt_id is None or waited >= limit:
             with self._lock:
                 self._unreachable_since.pop(attempt_id, None)
-            after = f" for {limit} s (IMAGE_PULL_REGISTRY_WAIT_SECONDS)" if limit else ""
-            message = f"could not pull image {image}: the registry {registry} could not be reached{after}: {detail}"
+            message = f"could not pull image {image}: {_why_given_up(registry, dropped=dropped, limit=limit)}: {detail}"
             if attempt_id is not None:
                 services.pull_wait(attempt_id=attempt_id, image=image, error=message)
                 services.pull_finish(attempt_id=attempt_id, counts=services.PullCounts(), error=message)
             raise LaunchError(ExitType.IMAGE_PULL, message)
         delay = min(REGISTRY_RETRY_FIRST * 2 ** tries, REGISTRY_RETRY_MAX, max(0.0, limit - waited))
-        message = (f"the registry {registry} could not be reached: {detail}; asking again in {delay:.0f} s, "
-                   f"for up to {limit} s in all (IMAGE_PULL_REGISTRY_WAIT_SECONDS)")
+        what = (f"the registry {registry} broke off the pull: {detail}; pulling again" if dropped else
+                f"the registry {registry} could not be reached: {detail}; asking again")
+        message = (f"{what} in {delay:.0f} s, for up to {limit} s in all (IMAGE_PULL_REGISTRY_WAIT_SECONDS)")
         services.pull_wait(attempt_id=attempt_id, image=image, error=message)
         timer = threading.Timer(delay, self._ask_again, args=(attempt_id,))
         timer.daemon = True

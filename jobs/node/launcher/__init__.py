@@ -55,6 +55,13 @@ class RegistryUnreachable(LaunchError):
         super().__init__("IMAGE_PULL", message)
 
 
+class PullInterrupted(RegistryUnreachable):
+    """The registry dropped a pull under way (a connection reset, a
+    timeout, a body cut short: Engine.ensure_image), as opposed to refusing
+    it or not having the image: waited for as a registry that cannot be
+    reached is (finding 46)."""
+
+
 class ImageMissing(LaunchError):
     """The engine has no image of that name (Engine.run): removed since the
     node last saw it. The caller may make sure of it again and retry."""
@@ -231,7 +238,9 @@ class Engine(Protocol):
         should be cheap or throttle itself). A pull with no news for
         `stall_seconds` (None: no limit) is given up, an IMAGE_PULL; so is
         one whose new layers are known to pass `max_mb` (compressed), and
-        one still under way after `max_seconds`."""
+        one still under way after `max_seconds`. One the registry dropped
+        (the engine says its connection was reset or timed out) raises
+        PullInterrupted, after the engine's own retries of a layer."""
 
     # -------------------------------------------------------------- networks
 

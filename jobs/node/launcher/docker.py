@@ -35,8 +35,8 @@ from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, Lo
 
 from jobs.images import reference_key
 from jobs.node.launcher import (
-    ContainerSpec, ContainerState, EngineInfo, ImageMissing, LaunchError, LogStream, PullProgress, PullWatcher,
-    RegistryAuth, RegistryUnreachable, firewall,
+    ContainerSpec, ContainerState, EngineInfo, ImageMissing, LaunchError, LogStream, PullInterrupted, PullProgress,
+    PullWatcher, RegistryAuth, RegistryUnreachable, firewall,
 )
 from jobs.node.launcher import ENGINE_MARKER_NAME, LABEL_ENGINE_MARKER
 from jobs.node.launcher.docker_logs import SocketLogStream, logs_request
@@ -73,10 +73,12 @@ def _scrub(message: str, auth: RegistryAuth | None) -> str:
 
 # What the engine says when it got no answer from a registry, as opposed to
 # a refusal ("no basic auth credentials", "unauthorized", "manifest unknown",
-# "denied"): it could not connect, the connection broke, its 25 s deadline
-# passed, or the registry (or a proxy before it) answered 5xx.
+# "denied", "blob unknown"): it could not connect, the connection broke (a
+# reset, or a body cut short: "unexpected EOF"), its 25 s deadline passed,
+# or the registry (or a proxy before it) answered 5xx.
 _UNREACHABLE = re.compile(
-    r"connection refused|connection reset|no route to host|network is unreachable|i/o timeout"
+    r"connection refused|connection reset|unexpected EOF|broken pipe|no route to host|network is unreachable"
+    r"|i/o timeout"
     r"|context deadline exceeded|Client\.Timeout exceeded|TLS handshake timeout|server misbehaving"
     r"|temporary failure in name resolution|no such host|unexpected HTTP status: 5\d\d", re.IGNORECASE)
 
@@ -84,6 +86,15 @@ _UNREACHABLE = re.compile(
 def registry_unreachable(message: str) -> bool:
     """Does the engine's `message` say that the registry gave no answer?"""
     return bool(_UNREACHABLE.search(message))
+
+
+def _pull_failure(message: str) -> LaunchError:
+    """A pull's failure as the engine told it: PullInterrupted if the
+    registry dropped it (after the engine's own retries of a layer), to be
+    tried again later; else a refusal or a missing image, final."""
+    if registry_unreachable(message):
+        return PullInterrupted(message)
+    return LaunchError("IMAGE_PULL", message)
 
 
 class DockerEngine:
@@ -193,14 +204,17 @@ class DockerEngine:
             with contextlib.closing(self._pull_events(image, auth, stall_seconds)) as events:
                 for event in events:
                     if isinstance(event, dict) and event.get("error"):
-                        raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {event['error']}", auth))
+                        raise _pull_failure(_scrub(f"could not pull image {image}: {event['error']}", auth))
                     _in_time(image, deadline, max_seconds)
                     if isinstance(event, dict) and tally.add(event):
                         _within(image, tally.progress(), max_mb)
                         if progress is not None:
                             progress(tally.progress())
         except docker.errors.APIError as exc:
-            raise LaunchError("IMAGE_PULL", _scrub(f"could not pull image {image}: {exc.explanation or exc}", auth)) from None
+            message = _scrub(f"could not pull image {image}: {exc.explanation or exc}", auth)
+            if exc.status_code is not None and exc.status_code >= 500:
+                raise _pull_failure(message) from None
+            raise LaunchError("IMAGE_PULL", message) from None
         except requests.exceptions.RequestException as exc:
             if _timed_out(exc):
                 raise LaunchError("IMAGE_PULL", (

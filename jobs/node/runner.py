@@ -284,8 +284,9 @@ class Runner:
         own check or pull, its registry unreachable) goes back in line, its
         owner's; it is still claimed and launching."""
         timing = LaunchTiming(attempt_id)
-        with self._lock:
-            owner_id = self._owners.get(attempt_id)
+        # Read without self._lock, which stop() holds when it calls this: one
+        # look-up in a dict only changed under that lock is safe without it.
+        owner_id = self._owners.get(attempt_id)
         timing.count("taken_before", self._launches.put(owner_id, (attempt_id, timing)))
 
     def is_launching(self, attempt_id: int) -> bool:

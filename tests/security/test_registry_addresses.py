@@ -7,6 +7,7 @@ the address a registry's name resolves to again before it pulls."""
 from __future__ import annotations
 
 import json
+import socket
 from datetime import timedelta
 
 import pytest
@@ -17,8 +18,8 @@ from jobs import services
 from jobs.images import registry_of, registry_refusal
 from jobs.models import ExitType, Job, State
 from jobs.environment import PeerTask
-from jobs.node.images import node_registry_refusal
-from jobs.node.launcher import RegistryAuth
+from jobs.node.images import ImageGate, RepositoryRecord, node_registry_refusal
+from jobs.node.launcher import LaunchError, RegistryAuth, RegistryHostUnknown, RegistryUnreachable
 from jobs.node.runner import LaunchContext, config_registry_auth
 from jobs.services import tokens
 from jobs.spec import SpecError
@@ -162,9 +163,70 @@ def test_it_resolves_only_names_and_refuses_names_that_do_not_resolve():
     assert node_registry_refusal("127.0.0.1:5000/x", allowed=["127.0.0.1:5000"], resolve=_never) is None
 
     def fails(host: str) -> list[str]:
-        raise OSError("Name or service not known")
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-    assert "could not be resolved" in node_registry_refusal("nowhere.example/x", allowed=[], resolve=fails)
+    refusal = node_registry_refusal("nowhere.example:5000/x", allowed=[], resolve=fails)
+    assert refusal.startswith("the registry nowhere.example:5000 does not resolve on the node: its DNS says there is "
+                              "no such name ([Errno -2] Name or service not known); check the registry"), refusal
+
+
+# A name that does not resolve reads the same whoever resolves it: the node
+# for a registry of the image's name, the engine for Docker Hub. A DNS that
+# says there is no such name fails at once (a typo, most likely: asking
+# again gets the same answer); one that gives no answer is waited for as a
+# registry that cannot be reached (finding 46).
+
+def test_a_registry_name_the_nodes_dns_cannot_answer_for_now_is_waited_for_not_refused():
+    def no_answer(host: str) -> list[str]:
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    with pytest.raises(RegistryUnreachable) as caught:
+        node_registry_refusal("registry.example.com/x", allowed=[], resolve=no_answer)
+    assert caught.value.message == ('the registry host "registry.example.com" could not be resolved now '
+                                    "([Errno -3] Temporary failure in name resolution)")
+
+
+def test_the_engines_dns_answers_for_docker_hub_are_told_apart_as_the_nodes_own():
+    from jobs.node.launcher.docker import registry_host_unknown, registry_unreachable
+
+    # The engine's own words (Go's resolver) for a name that does not exist...
+    gone = 'Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io on 10.0.0.53:53: no such host'
+    assert registry_host_unknown(gone) and not registry_unreachable(gone)
+    # ... and for a DNS that gave no answer.
+    for message in ('Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io on 10.0.0.53:53: '
+                    "server misbehaving",
+                    'Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io on 10.0.0.53:53: '
+                    "read udp 10.0.0.7:41234->10.0.0.53:53: i/o timeout",
+                    'Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io: Temporary failure '
+                    "in name resolution"):
+        assert registry_unreachable(message) and not registry_host_unknown(message), message
+
+
+class _NoSuchHostEngine:
+    """The engine as ImageGate sees it when its DNS says Docker Hub's name
+    does not exist: DockerEngine raises RegistryHostUnknown for its "no such host"."""
+
+    def has_image(self, image: str) -> bool:
+        return False
+
+    def check_image_access(self, image, auth) -> None:
+        raise RegistryHostUnknown('Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io: '
+                                  "no such host")
+
+    def ensure_image(self, image, auth=None, **limits) -> bool:
+        raise AssertionError("pulled from a registry whose name does not resolve")
+
+
+def test_docker_hubs_name_that_does_not_resolve_fails_at_once_naming_the_image(tmp_path):
+    gate = ImageGate(_NoSuchHostEngine(), RepositoryRecord(tmp_path / "private"))  # type: ignore[arg-type]
+    notes: list[str] = []
+    with pytest.raises(LaunchError) as caught:
+        gate.ensure("busybox:1.36", None, allowed=[], note=notes.append)
+    assert not isinstance(caught.value, RegistryUnreachable)  # not waited for
+    assert caught.value.message.startswith(
+        "could not pull image busybox:1.36: the registry docker.io does not resolve on the node: its DNS says there "
+        "is no such name ("), caught.value.message
+    assert caught.value.message.endswith("no such host); the node's DNS is wrong: tell its admin")
 
 
 @pytest.mark.services

@@ -8,7 +8,9 @@ address (cloud metadata) or, unless REGISTRY_ALLOWED opens it, a private
 address. Submission checked the name as written (jobs/services/admission.py);
 only the node can check what it resolves to. Docker resolves the name again
 when it connects: a name that changes its answer in between is not caught.
-Docker Hub is not resolved: it is Docker's fixed default.
+Docker Hub is not resolved: it is Docker's fixed default. A name that does
+not resolve reads the same either way (registries.py): no such name fails
+at once, no answer from the DNS is waited for as an unreachable registry.
 
 Private images (finding 6): an image pulled with one job's credentials stays
 on the node, where the engine would start it for anyone. A job may use an

@@ -20,9 +20,11 @@ from jobs import services
 from jobs.images import registry_of
 from jobs.models import ExitType
 from jobs.node.images.records import PullRecord, RepositoryRecord
-from jobs.node.images.registries import node_registry_refusal
+from jobs.node.images.registries import no_such_registry, node_registry_refusal
 from jobs.node.images.slots import PullSlots
-from jobs.node.launcher import Engine, LaunchError, LaunchStopped, PullInterrupted, RegistryAuth, RegistryUnreachable
+from jobs.node.launcher import (
+    Engine, LaunchError, LaunchStopped, PullInterrupted, RegistryAuth, RegistryHostUnknown, RegistryUnreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +205,12 @@ class ImageGate:
         recheck = present and (auth is not None or image in self.private or self._unknown(image))
         if present and not recheck:
             return
-        refusal = node_registry_refusal(image, allowed=allowed)
+        try:
+            refusal = node_registry_refusal(image, allowed=allowed)
+        except RegistryUnreachable as exc:  # the node's DNS gave no answer: waited for as the registry would be
+            unanswered = RegistryUnreachable(f"could not pull image {image}: {exc.message}")
+            self._registry_unreachable(_Outcome(image, auth, False, unanswered), note=note, attempt_id=attempt_id,
+                                       stopped=stopped, can_wait=aside)
         if refusal:
             raise LaunchError(ExitType.IMAGE_PULL, f"could not pull image {image}: {refusal}")
         if recheck:
@@ -313,7 +320,7 @@ class ImageGate:
             note(f"pulled image {outcome.image}")
 
     def _registry_unreachable(self, outcome: _Outcome, *, note: Callable[[str], None], attempt_id: int | None,
-                              stopped: Callable[[], bool] | None, can_wait: bool) -> None:
+                              stopped: Callable[[], bool] | None, can_wait: bool) -> NoReturn:
         """The registry could not be asked: wait and ask again (RegistryWait),
         or, past IMAGE_PULL_REGISTRY_WAIT_SECONDS, fail saying so. Nothing is
         started meanwhile, even an image the node has (finding 46)."""
@@ -424,6 +431,9 @@ class ImageGate:
             self.engine.check_image_access(image, auth)
         except RegistryUnreachable as exc:
             raise RegistryUnreachable(f"could not pull image {image}: {exc.message}") from None
+        except RegistryHostUnknown as exc:  # told as the node's own DNS check tells it (node_registry_refusal)
+            raise LaunchError(ExitType.IMAGE_PULL, f"could not pull image {image}: "
+                                                   f"{no_such_registry(registry_of(image), exc.message)}") from None
         except LaunchError as exc:
             given = "with this job's credentials" if auth else "without credentials: the job gives none"
             raise LaunchError(ExitType.IMAGE_PULL, (

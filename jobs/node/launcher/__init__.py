@@ -55,6 +55,15 @@ class RegistryUnreachable(LaunchError):
         super().__init__("IMAGE_PULL", message)
 
 
+class RegistryHostUnknown(LaunchError):
+    """The engine's DNS says the registry's host name does not exist (Go's
+    "no such host"): a typo in the image's name, most likely; not waited
+    for, unlike a DNS that gives no answer (RegistryUnreachable)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("IMAGE_PULL", message)
+
+
 class PullInterrupted(RegistryUnreachable):
     """The registry dropped a pull under way (a connection reset, a
     timeout, a body cut short: Engine.ensure_image), as opposed to refusing
@@ -226,7 +235,7 @@ class Engine(Protocol):
         """Ask the image's registry, without pulling, whether `auth` (None:
         no credentials) may pull `image`; raises LaunchError("IMAGE_PULL")
         with the registry's answer if not, RegistryUnreachable if there was
-        none."""
+        none, RegistryHostUnknown if the registry's name does not resolve."""
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,

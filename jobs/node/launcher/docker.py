@@ -36,7 +36,7 @@ from docker.types import DeviceRequest, EndpointConfig, IPAMConfig, IPAMPool, Lo
 from jobs.images import reference_key
 from jobs.node.launcher import (
     ContainerSpec, ContainerState, EngineInfo, ImageMissing, LaunchError, LogStream, PullInterrupted, PullProgress,
-    PullWatcher, RegistryAuth, RegistryUnreachable, firewall,
+    PullWatcher, RegistryAuth, RegistryHostUnknown, RegistryUnreachable, firewall,
 )
 from jobs.node.launcher import ENGINE_MARKER_NAME, LABEL_ENGINE_MARKER
 from jobs.node.launcher.docker_logs import SocketLogStream, logs_request
@@ -80,18 +80,29 @@ _UNREACHABLE = re.compile(
     r"connection refused|connection reset|unexpected EOF|broken pipe|no route to host|network is unreachable"
     r"|i/o timeout"
     r"|context deadline exceeded|Client\.Timeout exceeded|TLS handshake timeout|server misbehaving"
-    r"|temporary failure in name resolution|no such host|unexpected HTTP status: 5\d\d", re.IGNORECASE)
+    r"|temporary failure in name resolution|unexpected HTTP status: 5\d\d", re.IGNORECASE)
+# What the engine (Go's resolver) says when the DNS answered that the
+# registry's name does not exist, as opposed to giving no answer ("server
+# misbehaving", "temporary failure in name resolution", "i/o timeout" above).
+_NO_SUCH_HOST = re.compile(r"no such host", re.IGNORECASE)
 
 
 def registry_unreachable(message: str) -> bool:
     """Does the engine's `message` say that the registry gave no answer?"""
-    return bool(_UNREACHABLE.search(message))
+    return bool(_UNREACHABLE.search(message)) and not registry_host_unknown(message)
+
+
+def registry_host_unknown(message: str) -> bool:
+    """Does the engine's `message` say that the registry's name does not exist?"""
+    return bool(_NO_SUCH_HOST.search(message))
 
 
 def _pull_failure(message: str) -> LaunchError:
     """A pull's failure as the engine told it: PullInterrupted if the
     registry dropped it (after the engine's own retries of a layer), to be
     tried again later; else a refusal or a missing image, final."""
+    if registry_host_unknown(message):
+        return RegistryHostUnknown(message)
     if registry_unreachable(message):
         return PullInterrupted(message)
     return LaunchError("IMAGE_PULL", message)
@@ -186,6 +197,8 @@ class DockerEngine:
             self.api.inspect_distribution(image, auth_config=_auth_config(auth))
         except docker.errors.APIError as exc:
             message = _scrub(f"{exc.explanation or exc}", auth)
+            if registry_host_unknown(message):
+                raise RegistryHostUnknown(message) from None
             if exc.status_code is not None and exc.status_code >= 500 and registry_unreachable(message):
                 raise RegistryUnreachable(message) from None
             raise LaunchError("IMAGE_PULL", message) from None

@@ -98,13 +98,23 @@ def registry_host_unknown(message: str) -> bool:
 
 
 def _pull_failure(message: str) -> LaunchError:
-    """A pull's failure as the engine told it: PullInterrupted if the
-    registry dropped it (after the engine's own retries of a layer), to be
-    tried again later; else a refusal or a missing image, final."""
+    """A pull's failure as the engine told it in its events: PullInterrupted
+    if the registry dropped it (after the engine's own retries of a layer),
+    to be tried again later; else a refusal or a missing image, final."""
     if registry_host_unknown(message):
         return RegistryHostUnknown(message)
     if registry_unreachable(message):
         return PullInterrupted(message)
+    return LaunchError("IMAGE_PULL", message)
+
+
+def _registry_answer(message: str, status: int | None) -> LaunchError:
+    """The engine's error answer to a request for the registry (a check, a
+    pull before it began): RegistryUnreachable if the registry gave none."""
+    if registry_host_unknown(message):
+        return RegistryHostUnknown(message)
+    if status is not None and status >= 500 and registry_unreachable(message):
+        return RegistryUnreachable(message)
     return LaunchError("IMAGE_PULL", message)
 
 
@@ -196,12 +206,7 @@ class DockerEngine:
         try:
             self.api.inspect_distribution(image, auth_config=_auth_config(auth))
         except docker.errors.APIError as exc:
-            message = _scrub(f"{exc.explanation or exc}", auth)
-            if registry_host_unknown(message):
-                raise RegistryHostUnknown(message) from None
-            if exc.status_code is not None and exc.status_code >= 500 and registry_unreachable(message):
-                raise RegistryUnreachable(message) from None
-            raise LaunchError("IMAGE_PULL", message) from None
+            raise _registry_answer(_scrub(f"{exc.explanation or exc}", auth), exc.status_code) from None
         except requests.exceptions.RequestException as exc:  # the engine itself did not answer in time
             raise RegistryUnreachable(f"the registry could not be asked: {exc.__class__.__name__}") from None
 
@@ -225,9 +230,7 @@ class DockerEngine:
                             progress(tally.progress())
         except docker.errors.APIError as exc:
             message = _scrub(f"could not pull image {image}: {exc.explanation or exc}", auth)
-            if exc.status_code is not None and exc.status_code >= 500:
-                raise _pull_failure(message) from None
-            raise LaunchError("IMAGE_PULL", message) from None
+            raise _registry_answer(message, exc.status_code) from None
         except requests.exceptions.RequestException as exc:
             if _timed_out(exc):
                 raise LaunchError("IMAGE_PULL", (

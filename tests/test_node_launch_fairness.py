@@ -51,9 +51,9 @@ def test_another_users_task_starts_before_a_first_users_long_line_of_launches_dr
         # them, through Redis). The agents' own passes, woken by the
         # submissions, find the jobs placed once this commits.
         with transaction.atomic():
-            long_line = submit(alice, config("long-line", role(command="true", tasks=LONG_LINE, gpus=1, memory=64),
+            long_line = submit(alice, config("long-line", role(command="true", tasks=LONG_LINE, gpus=1),
                                              gpuType=GPU_TYPE))
-            other = submit(bob, config("other-user", role(command="true", gpus=1, memory=64), gpuType=GPU_TYPE))
+            other = submit(bob, config("other-user", role(command="true", gpus=1), gpuType=GPU_TYPE))
             services.schedule_pass()
         for job in (long_line, other):
             job = wait_state(job, State.SUCCEEDED, State.FAILED, timeout=120)

@@ -220,7 +220,12 @@ def test_it_folds_old_samples_into_minute_averages_and_drops_old_averages(alice,
     recent = usage.Sample(attempt.pk, now - timedelta(minutes=5), cpu_percent=1, memory_bytes=1)
     usage.samples_record([*old, recent])
     TaskUsage.objects.create(attempt=attempt, at=now - timedelta(days=2), averaged=True, cpu_percent=1, memory_bytes=1)
-    assert usage.usage_compact(now=now) == 3
+    # Compaction is the cluster's, oldest minute first: other tests' old
+    # samples are folded too, so it runs until nothing is left to fold.
+    folded = 0
+    while done := usage.usage_compact(now=now):
+        folded += done
+    assert folded >= 3
     rows = list(TaskUsage.objects.filter(attempt=attempt).order_by("at"))
     assert [(r.averaged, r.at) for r in rows] == [(True, minute), (False, recent.at)]
     average = rows[0]

@@ -4,6 +4,7 @@ stopped by PID afterwards. Its containers carry their own instance label."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +143,29 @@ def configure_django(var: Path, instance: str, **extra: str) -> None:
     import django
 
     django.setup()
+
+
+@contextlib.contextmanager
+def scratch_django(var: Path, instance: str, *, database: str, pg_var: Path, pg_database: str) -> Iterator[None]:
+    """Django in this process against a fresh scratch database: SQLite in
+    `var`, or (`database` "postgres") database `pg_database` made anew on a
+    bench's own PostgreSQL kept in `pg_var`, stopped afterwards."""
+    shutil.rmtree(var, ignore_errors=True)
+    server = postgres_server(pg_var) if database == "postgres" else None
+    try:
+        extra = {}
+        if server is not None:
+            server.drop_database(pg_database)
+            server.create_database(pg_database)
+            extra["DATABASE_URL"] = server.url(pg_database)
+        configure_django(var, instance, **extra)
+        yield
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if server is not None:
+            server.stop()
 
 
 def postgres_server(folder: Path):

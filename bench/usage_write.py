@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.stack import configure_django, percentile, postgres_server  # noqa: E402
+from bench.stack import percentile, scratch_django  # noqa: E402
 
 VAR = ROOT / "var" / "bench" / "usage_write"
 PG_VAR = ROOT / "var" / "bench" / "usage_write_postgres"
@@ -80,22 +79,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite")
     args = parser.parse_args()
-    shutil.rmtree(VAR, ignore_errors=True)
-    server = postgres_server(PG_VAR) if args.database == "postgres" else None
-    try:
-        extra = {}
-        if server is not None:
-            server.drop_database(PG_DATABASE)
-            server.create_database(PG_DATABASE)
-            extra["DATABASE_URL"] = server.url(PG_DATABASE)
-        configure_django(VAR, "bench-usage-write", **extra)
+    with scratch_django(VAR, "bench-usage-write", database=args.database, pg_var=PG_VAR, pg_database=PG_DATABASE):
         run(args.tasks, args.rounds)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if server is not None:
-            server.stop()
 
 
 if __name__ == "__main__":

@@ -366,6 +366,12 @@ IMAGE_PULL_STALL_SECONDS = env_int("IMAGE_PULL_STALL_SECONDS", 300, minimum=0)
 # The most an image's new layers may download (MB, compressed, as the
 # registry sends them); a bigger image is given up mid-pull. 0: no limit.
 IMAGE_PULL_MAX_MB = env_int("IMAGE_PULL_MAX_MB", 50_000, minimum=0)
+# The most a pulled image may take on the engine's disk, unpacked (MB, the
+# engine's Size of it, shared layers included); one bigger is refused and
+# removed once pulled. Its own limit, not a factor of IMAGE_PULL_MAX_MB:
+# layers compress 2-4 times as a rule, a gzip bomb a thousand times.
+# Generous: three times IMAGE_PULL_MAX_MB's default. 0: no limit.
+IMAGE_MAX_UNPACKED_MB = env_int("IMAGE_MAX_UNPACKED_MB", 150_000, minimum=0)
 # The longest a pull may last, news or not (a registry that trickles sends
 # news for ever); 0: no limit.
 IMAGE_PULL_MAX_SECONDS = env_int("IMAGE_PULL_MAX_SECONDS", 7200, minimum=0)

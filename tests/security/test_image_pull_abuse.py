@@ -19,7 +19,10 @@ node; their other launches there wait off the launch threads.
 
 Finding 32: nothing bounded an image's size: one user's enormous image
 filled the disk of the node's engine, which every task on it writes to.
-Now a pull whose new layers pass IMAGE_PULL_MAX_MB is given up.
+Now a pull whose new layers pass IMAGE_PULL_MAX_MB is given up; and, as
+that counts compressed bytes, a pulled image that unpacks to more than
+IMAGE_MAX_UNPACKED_MB (a layer of zeros: a gzip bomb) is refused and
+removed from the engine.
 
 Finding 33: a registry that trickles (a little now and then) keeps news
 coming, so the stall limit never trips, and made a pull (with its owner's
@@ -52,6 +55,7 @@ pytestmark = pytest.mark.services
 
 STALL_SECONDS = 4
 LAYER_MB = 800  # long enough to download (seconds on loopback) that the registry is frozen mid-way
+ZEROS_MB = 400  # a layer of zeros: a few hundred KB compressed, ZEROS_MB unpacked
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,23 @@ def big_image(registry) -> Iterator[str]:
     image = f"{registry}/abuse/big:latest"
     subprocess.run(["docker", "build", "-q", "-t", image, "-"], text=True, check=True, capture_output=True,
                    input=f"FROM {BUSYBOX_IMAGE}\nRUN head -c {LAYER_MB * 1000 * 1000} /dev/urandom > /layer\n",
+                   timeout=600)
+    try:
+        events = list(docker.from_env().api.push(image, stream=True, decode=True))
+        assert not [e for e in events if e.get("error")], events
+        forget(image)
+        yield image
+    finally:
+        forget(image)
+
+
+@pytest.fixture(scope="module")
+def bomb_image(registry) -> Iterator[str]:
+    """<registry>/abuse/bomb:latest, busybox and a layer of ZEROS_MB MB of
+    zeros, in the registry only."""
+    image = f"{registry}/abuse/bomb:latest"
+    subprocess.run(["docker", "build", "-q", "-t", image, "-"], text=True, check=True, capture_output=True,
+                   input=f"FROM {BUSYBOX_IMAGE}\nRUN head -c {ZEROS_MB * 1000 * 1000} /dev/zero > /zeros\n",
                    timeout=600)
     try:
         events = list(docker.from_env().api.push(image, stream=True, decode=True))
@@ -189,3 +210,31 @@ def test_a_pull_that_trickles_is_given_up_at_its_deadline(alice, registry, big_i
         time.sleep(3)
         with pytest.raises(docker.errors.ImageNotFound):
             docker.from_env().api.inspect_image(big_image)
+
+
+def test_an_image_that_unpacks_past_the_limit_is_refused_and_removed(alice, registry, bomb_image, cluster):
+    """The bomb's new layers are well under IMAGE_PULL_MAX_MB (compressed)
+    and far over IMAGE_MAX_UNPACKED_MB; with no unpacked limit the same job
+    runs."""
+    limit = ZEROS_MB // 2
+    with abuse_node(cluster, registry, "BOMB", IMAGE_PULL_MAX_MB="10", IMAGE_MAX_UNPACKED_MB=str(limit)):
+        job = submit(alice, config("bomb", role(command="echo bomb ran", gpus=1), image=bomb_image, gpuType="BOMB"))
+        job = wait_state(job, State.SUCCEEDED, State.FAILED, timeout=120)
+        assert job.exit_type == ExitType.IMAGE_PULL, job.exit_reason
+        assert f"could not pull image {bomb_image}: it unpacks to " in job.exit_reason, job.exit_reason
+        assert f"MB, more than {limit} MB (IMAGE_MAX_UNPACKED_MB)" in job.exit_reason, job.exit_reason
+        unpacked = int(job.exit_reason.split("it unpacks to ")[1].split(" MB")[0])
+        assert unpacked >= ZEROS_MB, job.exit_reason
+        assert lines(job) == []
+        failed = ImagePull.objects.filter(attempt__job=job, state=ImagePull.State.FAILED).first()
+        assert failed is not None and "IMAGE_MAX_UNPACKED_MB" in failed.error
+        # Removed as the task failed, not left to fill the disk.
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker.from_env().api.inspect_image(bomb_image)
+    with abuse_node(cluster, registry, "UNBOUND", IMAGE_PULL_MAX_MB="10", IMAGE_MAX_UNPACKED_MB="0"):
+        job = submit(alice, config("bomb-unbound", role(command="echo bomb ran", gpus=1), image=bomb_image,
+                                   gpuType="UNBOUND"))
+        job = wait_state(job, State.SUCCEEDED, State.FAILED, timeout=120)
+        assert job.state == State.SUCCEEDED, job.exit_reason
+        assert lines(job) == ["bomb ran"]
+    forget(bomb_image)

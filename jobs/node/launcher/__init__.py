@@ -239,7 +239,8 @@ class Engine(Protocol):
 
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,
-                     max_mb: int | None = None, max_seconds: float | None = None) -> bool:
+                     max_mb: int | None = None, max_seconds: float | None = None,
+                     max_unpacked_mb: int | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled. Raises
         LaunchError("IMAGE_PULL") with a message fit for the user, which
         never holds the registry password. `progress` is called, in the
@@ -247,7 +248,10 @@ class Engine(Protocol):
         should be cheap or throttle itself). A pull with no news for
         `stall_seconds` (None: no limit) is given up, an IMAGE_PULL; so is
         one whose new layers are known to pass `max_mb` (compressed), and
-        one still under way after `max_seconds`. One the registry dropped
+        one still under way after `max_seconds`. A pulled image that unpacks
+        to more than `max_unpacked_mb` (the engine's size of it, known only
+        once pulled) is an IMAGE_PULL too, and removed from the engine
+        unless a container uses it. One the registry dropped
         (the engine says its connection was reset or timed out) raises
         PullInterrupted, after the engine's own retries of a layer."""
 

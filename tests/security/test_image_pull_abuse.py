@@ -46,6 +46,8 @@ import pytest
 
 from jobs import services
 from jobs.models import ExitType, ImagePull, Job, LogLine, State, Stream
+from jobs.node.launcher import LaunchError
+from jobs.node.launcher.docker import DockerEngine
 from jobs.node.runner import LAUNCH_THREADS
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
@@ -238,3 +240,27 @@ def test_an_image_that_unpacks_past_the_limit_is_refused_and_removed(alice, regi
         assert job.state == State.SUCCEEDED, job.exit_reason
         assert lines(job) == ["bomb ran"]
     forget(bomb_image)
+
+
+def test_an_image_refused_while_a_container_uses_it_stays_and_still_fails_the_pull(docker_engine, bomb_image):
+    """The engine will not remove an image a container uses (here one
+    started on it between its pull and the check, as a launch that found it
+    present that moment could): the refusal still stands, and the image
+    stays for that container; once it is gone, a refusal removes it."""
+    engine = DockerEngine(docker_engine)
+    api = docker.from_env().api
+    assert engine.ensure_image(bomb_image, max_unpacked_mb=0)
+    container = api.create_container(bomb_image, command=["sleep", "600"], labels={"pai.test": "bomb"})["Id"]
+    try:
+        api.start(container)
+        assert not engine._drop_image(bomb_image)
+        api.inspect_image(bomb_image)  # still there
+        with pytest.raises(LaunchError, match=r"it unpacks to \d+ MB, more than 1 MB \(IMAGE_MAX_UNPACKED_MB\)"):
+            engine._unpacked_within(bomb_image, 1)
+        api.inspect_image(bomb_image)
+    finally:
+        api.remove_container(container, force=True)
+    with pytest.raises(LaunchError, match="IMAGE_MAX_UNPACKED_MB"):
+        engine._unpacked_within(bomb_image, 1)
+    with pytest.raises(docker.errors.ImageNotFound):
+        api.inspect_image(bomb_image)

@@ -43,7 +43,10 @@ given up (finding 30): a registry that stops sending mid-download would
 otherwise hold the pull, and the launch thread waiting for it, for good. So
 is one whose new layers pass IMAGE_PULL_MAX_MB (finding 32): an enormous
 image filled the disk the node's other tasks write to; and one still under
-way after IMAGE_PULL_MAX_SECONDS (finding 33): a registry that trickles.
+way after IMAGE_PULL_MAX_SECONDS (finding 33): a registry that trickles. A
+pulled image that unpacks past IMAGE_MAX_UNPACKED_MB (a gzip bomb, under
+the compressed limit) is refused and removed (Engine.ensure_image); an
+image already on the engine is not checked again, as its pull was.
 
 A check or pull not over within ASIDE_AFTER_SECONDS goes on on a thread of
 its own, its launch set aside off the node's launch threads and handed back

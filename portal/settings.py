@@ -372,6 +372,11 @@ IMAGE_PULL_MAX_MB = env_int("IMAGE_PULL_MAX_MB", 50_000, minimum=0)
 # layers compress 2-4 times as a rule, a gzip bomb a thousand times.
 # Generous: three times IMAGE_PULL_MAX_MB's default. 0: no limit.
 IMAGE_MAX_UNPACKED_MB = env_int("IMAGE_MAX_UNPACKED_MB", 150_000, minimum=0)
+# A pull is given up (or not begun) once the engine's disk has less than
+# this many MB free: the check above comes only once the image is on the
+# disk. Watched only where the agent sees the engine's data root (a local
+# engine); 0: not watched.
+IMAGE_PULL_MIN_FREE_MB = env_int("IMAGE_PULL_MIN_FREE_MB", 2_000, minimum=0)
 # The longest a pull may last, news or not (a registry that trickles sends
 # news for ever); 0: no limit.
 IMAGE_PULL_MAX_SECONDS = env_int("IMAGE_PULL_MAX_SECONDS", 7200, minimum=0)

@@ -22,7 +22,9 @@ filled the disk of the node's engine, which every task on it writes to.
 Now a pull whose new layers pass IMAGE_PULL_MAX_MB is given up; and, as
 that counts compressed bytes, a pulled image that unpacks to more than
 IMAGE_MAX_UNPACKED_MB (a layer of zeros: a gzip bomb) is refused and
-removed from the engine.
+removed from the engine; and a pull is given up once the engine's disk has
+less than IMAGE_PULL_MIN_FREE_MB free, so that the bomb does not fill it
+before that check.
 
 Finding 33: a registry that trickles (a little now and then) keeps news
 coming, so the stall limit never trips, and made a pull (with its owner's
@@ -36,6 +38,7 @@ lasts is waited for off the launch threads."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -264,3 +267,21 @@ def test_an_image_refused_while_a_container_uses_it_stays_and_still_fails_the_pu
         engine._unpacked_within(bomb_image, 1)
     with pytest.raises(docker.errors.ImageNotFound):
         api.inspect_image(bomb_image)
+
+
+def test_a_pull_is_given_up_once_the_engines_disk_runs_low(alice, registry, bomb_image, cluster):
+    """The floor is put ZEROS_MB / 2 below what the engine's disk has free
+    now: the bomb crosses it as it unpacks, and the pull is given up before
+    the image is whole, with no unpacked limit to catch it after."""
+    disk = os.statvfs(docker.from_env().info()["DockerRootDir"])
+    floor = disk.f_bavail * disk.f_frsize // 1_000_000 - ZEROS_MB // 2
+    with abuse_node(cluster, registry, "FLOOR", IMAGE_PULL_MIN_FREE_MB=str(floor), IMAGE_MAX_UNPACKED_MB="0"):
+        job = submit(alice, config("floor", role(command="echo floor ran", gpus=1), image=bomb_image,
+                                   gpuType="FLOOR"))
+        job = wait_state(job, State.SUCCEEDED, State.FAILED, timeout=120)
+        assert job.exit_type == ExitType.IMAGE_PULL, job.exit_reason
+        assert f"has less than {floor} MB free (IMAGE_PULL_MIN_FREE_MB)" in job.exit_reason, job.exit_reason
+        assert lines(job) == []
+        time.sleep(3)  # the engine gave the pull up: nothing of it arrives later
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker.from_env().api.inspect_image(bomb_image)

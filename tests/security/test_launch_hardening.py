@@ -49,7 +49,7 @@ class _Engine:
         return image in self.images  # each came from the registry
 
     def ensure_image(self, image, auth=None, *, progress=None, stall_seconds=None, max_mb=None,
-                     max_seconds=None, max_unpacked_mb=None) -> bool:
+                     max_seconds=None, max_unpacked_mb=None, min_free_mb=None) -> bool:
         if auth is None:
             raise LaunchError("IMAGE_PULL", "unauthorized")
         self.images.add(image)

@@ -46,7 +46,9 @@ image filled the disk the node's other tasks write to; and one still under
 way after IMAGE_PULL_MAX_SECONDS (finding 33): a registry that trickles. A
 pulled image that unpacks past IMAGE_MAX_UNPACKED_MB (a gzip bomb, under
 the compressed limit) is refused and removed (Engine.ensure_image); an
-image already on the engine is not checked again, as its pull was.
+image already on the engine is not checked again, as its pull was. As
+that comes once the image is on the disk, a pull is also given up once
+the engine's disk has less than IMAGE_PULL_MIN_FREE_MB free.
 
 A check or pull not over within ASIDE_AFTER_SECONDS goes on on a thread of
 its own, its launch set aside off the node's launch threads and handed back

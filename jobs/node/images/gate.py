@@ -388,7 +388,8 @@ class ImageGate:
     def _pull(self, image: str, auth: RegistryAuth | None, record: PullRecord | None) -> None:
         limits = {"stall_seconds": settings.IMAGE_PULL_STALL_SECONDS or None,
                   "max_mb": settings.IMAGE_PULL_MAX_MB or None, "max_seconds": settings.IMAGE_PULL_MAX_SECONDS or None,
-                  "max_unpacked_mb": settings.IMAGE_MAX_UNPACKED_MB or None}
+                  "max_unpacked_mb": settings.IMAGE_MAX_UNPACKED_MB or None,
+                  "min_free_mb": settings.IMAGE_PULL_MIN_FREE_MB or None}
         # Asked first, as for an image the node has (_check_present): the
         # registry's refusal reads the same either way.
         if record is None:

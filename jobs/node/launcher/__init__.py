@@ -240,7 +240,7 @@ class Engine(Protocol):
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,
                      max_mb: int | None = None, max_seconds: float | None = None,
-                     max_unpacked_mb: int | None = None) -> bool:
+                     max_unpacked_mb: int | None = None, min_free_mb: int | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled. Raises
         LaunchError("IMAGE_PULL") with a message fit for the user, which
         never holds the registry password. `progress` is called, in the
@@ -251,7 +251,9 @@ class Engine(Protocol):
         one still under way after `max_seconds`. A pulled image that unpacks
         to more than `max_unpacked_mb` (the engine's size of it, known only
         once pulled) is an IMAGE_PULL too, and removed from the engine
-        unless a container uses it. One the registry dropped
+        unless a container uses it. Where the engine's disk can be seen
+        from here, a pull is given up (or not begun) once it has less than
+        `min_free_mb` free. One the registry dropped
         (the engine says its connection was reset or timed out) raises
         PullInterrupted, after the engine's own retries of a layer."""
 

@@ -14,6 +14,7 @@ import io
 import ipaddress
 import json
 import logging
+import os
 import re
 import socket
 import tarfile
@@ -135,6 +136,7 @@ class DockerEngine:
         self._usage_sources: dict[str, tuple[str, int] | None] = {}
         self._creators_lock = threading.Lock()
         self._creator_pool: ThreadPoolExecutor | None = None
+        self._data_root: str | None = None  # see data_root(); "" once known to be out of sight
 
     @property
     def api(self) -> docker.APIClient:
@@ -213,18 +215,23 @@ class DockerEngine:
     def ensure_image(self, image: str, auth: RegistryAuth | None = None, *,
                      progress: PullWatcher | None = None, stall_seconds: float | None = None,
                      max_mb: int | None = None, max_seconds: float | None = None,
-                     max_unpacked_mb: int | None = None) -> bool:
+                     max_unpacked_mb: int | None = None, min_free_mb: int | None = None) -> bool:
         """Pull `image` unless present; True if it was pulled."""
         if self.has_image(image):
             return False
         tally = PullTally()
         deadline = time.monotonic() + max_seconds if max_seconds else None
+        root = self.data_root() if min_free_mb else None
+        _room_left(image, root, min_free_mb)
         try:
             with contextlib.closing(self._pull_events(image, auth, stall_seconds)) as events:
                 for event in events:
                     if isinstance(event, dict) and event.get("error"):
                         raise _pull_failure(_scrub(f"could not pull image {image}: {event['error']}", auth))
                     _in_time(image, deadline, max_seconds)
+                    # Extraction sends news too (per 1% of the compressed
+                    # layer read), so a bomb's unpacking is watched as it goes.
+                    _room_left(image, root, min_free_mb)
                     if isinstance(event, dict) and tally.add(event):
                         _within(image, tally.progress(), max_mb)
                         if progress is not None:
@@ -242,6 +249,18 @@ class DockerEngine:
             raise LaunchError("IMAGE_PULL", f"could not pull image {image}: the registry sent nothing")
         self._unpacked_within(image, max_unpacked_mb)
         return True
+
+    def data_root(self) -> str | None:
+        """The folder the engine keeps images in (DockerRootDir), when this
+        process sees it: the engine is reached on a unix socket, so runs on
+        this machine, and the folder exists here. None otherwise (a remote
+        engine): its free space cannot be watched from here. Asked once."""
+        if self._data_root is None:
+            root = ""
+            if self.base_url.startswith("unix://"):
+                root = str(self.api.info().get("DockerRootDir") or "")
+            self._data_root = root if root and os.path.isdir(root) else ""
+        return self._data_root or None
 
     def _unpacked_within(self, image: str, max_mb: int | None) -> None:
         """Refuse, and remove, a pulled image whose unpacked size (the
@@ -721,6 +740,22 @@ def _within(image: str, progress: PullProgress, max_mb: int | None) -> None:
         raise LaunchError("IMAGE_PULL", (
             f"could not pull image {image}: its layers are larger than {max_mb} MB (IMAGE_PULL_MAX_MB), "
             f"{progress.bytes_total // 1_000_000} MB known so far; the pull was given up"))
+
+
+def _room_left(image: str, root: str | None, min_free_mb: int | None) -> None:
+    """Give the pull up once the engine's disk (`root`, None: out of sight)
+    has less than `min_free_mb` free: an image's unpacked size is known
+    only once it is pulled (_unpacked_within), too late for a gzip bomb
+    that fills the disk as it unpacks. Free to an unprivileged user, as
+    `df` counts it: the root reserve is the system's, not the tasks'."""
+    if not root or not min_free_mb:
+        return
+    disk = os.statvfs(root)
+    free = disk.f_bavail * disk.f_frsize
+    if free < min_free_mb * 1_000_000:
+        raise LaunchError("IMAGE_PULL", (
+            f"could not pull image {image}: the node's disk for images has less than {min_free_mb} MB free "
+            f"(IMAGE_PULL_MIN_FREE_MB), {free // 1_000_000} MB; the pull was given up"))
 
 
 def _in_time(image: str, deadline: float | None, max_seconds: float | None) -> None:

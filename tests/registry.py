@@ -46,6 +46,24 @@ def forget(image: str) -> None:
 
 
 @contextmanager
+def image_in_registry(image: str, dockerfile: str) -> Iterator[str]:
+    """`image` built from `dockerfile` (FROM a local image), pushed to the
+    registry its name gives and then removed from the engine: a task gets
+    it only by a pull. Removed from the engine again afterwards."""
+    import docker
+
+    subprocess.run(["docker", "build", "-q", "-t", image, "-"], input=dockerfile, text=True, check=True,
+                   capture_output=True, timeout=600)
+    try:
+        events = list(docker.from_env().api.push(image, stream=True, decode=True))
+        assert not [e for e in events if e.get("error")], events
+        forget(image)
+        yield image
+    finally:
+        forget(image)
+
+
+@contextmanager
 def running_registry(folder: Path, *, users: dict[str, str] | None = None) -> Iterator[str]:
     """A registry on 127.0.0.1:<free port> keeping its data in `folder`
     (removed at the end); with `users`, it wants one of their passwords

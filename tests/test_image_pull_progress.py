@@ -11,7 +11,6 @@ image is large enough for a loopback pull to last a few seconds."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import docker
@@ -28,7 +27,7 @@ from tests.browser import login as browser_login
 from tests.browser import screenshot
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, login, role, rows_only_attempt, submit, unique, wait_state
-from tests.registry import forget, registry_agent, running_registry
+from tests.registry import forget, image_in_registry, registry_agent, running_registry
 
 pytestmark = pytest.mark.services
 
@@ -46,17 +45,9 @@ def registry(tmp_path_factory) -> Iterator[str]:
 def big_image(registry) -> Iterator[str]:
     """<registry>/pull/big:latest, of LAYERS x LAYER_MB MB of random bytes on
     busybox, in the registry only."""
-    image = f"{registry}/pull/big:latest"
     steps = "".join(f"RUN head -c {LAYER_MB * 1000 * 1000} /dev/urandom > /layer{n}\n" for n in range(LAYERS))
-    subprocess.run(["docker", "build", "-q", "-t", image, "-"], input=f"FROM {BUSYBOX_IMAGE}\n{steps}", text=True,
-                   check=True, capture_output=True, timeout=600)
-    try:
-        events = list(docker.from_env().api.push(image, stream=True, decode=True))
-        assert not [e for e in events if e.get("error")], events
-        forget(image)
+    with image_in_registry(f"{registry}/pull/big:latest", f"FROM {BUSYBOX_IMAGE}\n{steps}") as image:
         yield image
-    finally:
-        forget(image)
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,6 @@ lasts is waited for off the launch threads."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -54,7 +53,7 @@ from jobs.node.launcher.docker import DockerEngine
 from jobs.node.runner import LAUNCH_THREADS
 from tests.cluster import wait_for
 from tests.helpers import BUSYBOX_IMAGE, config, lines, role, submit, wait_state
-from tests.registry import forget, frozen, registry_agent, running_registry, trickling
+from tests.registry import forget, frozen, image_in_registry, registry_agent, running_registry, trickling
 
 pytestmark = pytest.mark.services
 
@@ -73,34 +72,18 @@ def registry(tmp_path_factory) -> Iterator[str]:
 def big_image(registry) -> Iterator[str]:
     """<registry>/abuse/big:latest, busybox and a layer of LAYER_MB MB of
     random bytes, in the registry only."""
-    image = f"{registry}/abuse/big:latest"
-    subprocess.run(["docker", "build", "-q", "-t", image, "-"], text=True, check=True, capture_output=True,
-                   input=f"FROM {BUSYBOX_IMAGE}\nRUN head -c {LAYER_MB * 1000 * 1000} /dev/urandom > /layer\n",
-                   timeout=600)
-    try:
-        events = list(docker.from_env().api.push(image, stream=True, decode=True))
-        assert not [e for e in events if e.get("error")], events
-        forget(image)
+    with image_in_registry(f"{registry}/abuse/big:latest",
+                           f"FROM {BUSYBOX_IMAGE}\nRUN head -c {LAYER_MB * 1000 * 1000} /dev/urandom > /layer\n") as image:
         yield image
-    finally:
-        forget(image)
 
 
 @pytest.fixture(scope="module")
 def bomb_image(registry) -> Iterator[str]:
     """<registry>/abuse/bomb:latest, busybox and a layer of ZEROS_MB MB of
     zeros, in the registry only."""
-    image = f"{registry}/abuse/bomb:latest"
-    subprocess.run(["docker", "build", "-q", "-t", image, "-"], text=True, check=True, capture_output=True,
-                   input=f"FROM {BUSYBOX_IMAGE}\nRUN head -c {ZEROS_MB * 1000 * 1000} /dev/zero > /zeros\n",
-                   timeout=600)
-    try:
-        events = list(docker.from_env().api.push(image, stream=True, decode=True))
-        assert not [e for e in events if e.get("error")], events
-        forget(image)
+    with image_in_registry(f"{registry}/abuse/bomb:latest",
+                           f"FROM {BUSYBOX_IMAGE}\nRUN head -c {ZEROS_MB * 1000 * 1000} /dev/zero > /zeros\n") as image:
         yield image
-    finally:
-        forget(image)
 
 
 def abuse_node(cluster, registry: str, gpu_type: str, **env: str):

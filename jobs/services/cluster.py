@@ -127,7 +127,7 @@ class NodeUsage:
 
 def node_usage() -> list[NodeUsage]:
     now = database_now()
-    ready_ids = {n.pk for n in ready_nodes()}
+    ready_ids = {n.pk for n in ready_nodes(now)}
     nodes = list(Node.objects.all())
     snapshot = {s.id: s for s in node_states(nodes)}
     tasks = {

@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -56,15 +57,16 @@ log = logging.getLogger(__name__)
 MAX_JOBS_PER_PASS = 10_000
 
 
-def ready_nodes_queryset() -> QuerySet[Node]:
-    """The nodes new tasks may go to now, by name."""
-    return (Node.objects.filter(status=Node.Status.READY, schedulable=True, last_heartbeat__gte=placement_cutoff(),
+def ready_nodes_queryset(now: datetime | None = None) -> QuerySet[Node]:
+    """The nodes new tasks may go to now (`now`: the database's clock, if
+    the caller read it already), by name."""
+    return (Node.objects.filter(status=Node.Status.READY, schedulable=True, last_heartbeat__gte=placement_cutoff(now),
                                 agent_pid__isnull=False)
             .order_by("name"))
 
 
-def ready_nodes() -> list[Node]:
-    return list(ready_nodes_queryset())
+def ready_nodes(now: datetime | None = None) -> list[Node]:
+    return list(ready_nodes_queryset(now))
 
 
 def node_states(nodes: list[Node]) -> list[scheduler.NodeState]:

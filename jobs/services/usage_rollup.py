@@ -55,7 +55,8 @@ from jobs.services import db_clock, usage_series
 
 log = logging.getLogger(__name__)
 
-MINUTE = 60
+# The summary's minute: its minute buckets are this roll-up's rows.
+MINUTE = usage_series.MINUTE
 # Task attempts (or jobs) named in one statement: under the 999 parameters
 # an SQLite build may allow.
 CHUNK = 500

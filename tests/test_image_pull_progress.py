@@ -200,6 +200,7 @@ def test_it_shows_the_pull_on_the_job_page_live(alice, registry, big_image, pull
         section = page.locator(".image-pull")
         section.wait_for(timeout=60_000)
         assert big_image in section.inner_text() and "Pulling image" in section.inner_text()
+        assert f"Pulling image {big_image}: 1 task." in page.locator(".status-words").inner_text()
         screenshot(page, "image-pull-live")
         wait_for(lambda: ImagePull.objects.filter(attempt__job=job, bytes_total__gt=0,
                                                   bytes_done=F("bytes_total")).exists(),

@@ -20,8 +20,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import (
-    ACTIVE_TASK_STATES, FINAL_STATES, ExitType, Job, JobAttempt, LogLine, Node, State, Stream, Task, TaskAttempt,
-    TaskState, VirtualCluster,
+    ACTIVE_TASK_STATES, FINAL_STATES, ExitType, ImagePull, Job, JobAttempt, LogLine, Node, State, Stream, Task,
+    TaskAttempt, TaskState, VirtualCluster,
 )
 from jobs.spec import parse_job_value
 from tests.helpers import config, role, submit
@@ -418,6 +418,35 @@ def test_it_downloads_the_config_as_submitted_and_normalized(alice):
     assert client.get(f"/jobs/{job.pk}/config/other/").status_code == 404
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "// my comment" in page
+
+
+def test_a_starting_jobs_status_line_says_which_image_its_tasks_wait_for(alice, bob):
+    job = ended_job(alice, "starting-pull", State.RUNNING, started_at=None, finished_at=None, exit_type="")
+    attempt = task_attempt(job, state=TaskState.LAUNCHING, container_id="", exit_code=None, exit_type="",
+                           started_at=None, finished_at=None)
+    pull = ImagePull.objects.create(attempt=attempt, image="registry.lab:5000/team/big:1")
+    owner = client_for(alice)
+
+    def status_line(url: str) -> str:
+        page = owner.get(url)
+        assert page.status_code == 200
+        return " ".join(re.search(r'<div class="status-words">(.*?)</div>', page.content.decode(), re.S)[1].split())
+
+    for url in (f"/jobs/{job.pk}/", f"/jobs/{job.pk}/live/"):
+        assert "Pulling image <code>registry.lab:5000/team/big:1</code>: 1 task." in status_line(url)
+    pull.state = ImagePull.State.WAITING
+    pull.save()
+    assert "Waiting for the registry of image <code>registry.lab:5000/team/big:1</code>" in status_line(
+        f"/jobs/{job.pk}/live/")
+    for shown in (client_for(bob).get(f"/jobs/{job.pk}/live/"), Client().get(f"/jobs/{job.pk}/live/")):
+        assert shown.status_code in (302, 404) and b"big:1" not in shown.content
+
+    # Once its task has started, or its pull is done, the line says no more.
+    TaskAttempt.objects.filter(pk=attempt.pk).update(state=TaskState.RUNNING)
+    assert "image" not in status_line(f"/jobs/{job.pk}/live/")
+    TaskAttempt.objects.filter(pk=attempt.pk).update(state=TaskState.LAUNCHING)
+    ImagePull.objects.filter(pk=pull.pk).update(state=ImagePull.State.DONE)
+    assert "image" not in status_line(f"/jobs/{job.pk}/live/")
 
 
 # ------------------------------------------------------------------- logs

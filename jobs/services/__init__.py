@@ -11,7 +11,7 @@
     listing     the job list's filters, sorting and pages (read-only)
     access      port links, Jupyter and SSH access, idle notices; users' SSH keys; the job's private key
     storage_links  the job page's folder links, the storage page's folder URLs (read-only)
-    pulls       image pulls on nodes: pull_start, pull_progress, pull_wait, pull_finish (the agent); pulls_shown (the job page)
+    pulls       image pulls on nodes: pull_start, pull_progress, pull_wait, pull_finish (the agent); pulls_shown, starting_pulls (the job page)
     terminals   browser terminal sessions: terminal_session_open, terminal_session_close
     tokens      API tokens: create, authenticate, revoke
     permissions_memo  per-process memo of token and virtual-cluster answers

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from django.db.models import Count
 from django.utils import timezone
 
-from jobs.models import ImagePull, TaskAttempt, TaskState
+from jobs.models import ImagePull, Job, TaskAttempt, TaskState
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,21 @@ def pulls_shown(attempts: Iterable[TaskAttempt]) -> dict[int, ImagePull]:
         if pull.state == ImagePull.State.FAILED or pull.attempt_id in launching:
             shown[pull.attempt_id] = pull
     return shown
+
+
+@dataclass(frozen=True)
+class StartingPull:
+    image: str
+    waiting: bool  # for its registry, which could not be reached
+    tasks: int
+
+
+def starting_pulls(job: Job) -> list[StartingPull]:
+    """What a starting job's launching tasks wait for, image by image: the
+    page's status line says it, for every task of the job, not only those
+    on the page's table of tasks."""
+    rows = (ImagePull.objects.filter(attempt__job=job, attempt__number=job.attempt_number,
+                                     attempt__state=TaskState.LAUNCHING,
+                                     state__in=[ImagePull.State.PULLING, ImagePull.State.WAITING])
+            .values_list("image", "state").annotate(tasks=Count("pk")).order_by("image", "state"))
+    return [StartingPull(image, state == ImagePull.State.WAITING, tasks) for image, state, tasks in rows]

@@ -301,6 +301,7 @@ def _detail_context(request: HttpRequest, job: Job, *, whole_page: bool = False)
         "log_stream": log_stream,
         "queue_position": services.queue_position(job) if waiting else None,
         "never_fits": services.never_fits_reason(job) if waiting else None,
+        "starting_pulls": pulls.starting_pulls(job) if job.state == State.RUNNING and job.started_at is None else [],
         "can_stop": not job.is_final,
     }
 

@@ -1,6 +1,7 @@
 """LaunchQueue: a node's launches taken in turn by owner (round-robin), each
-owner's in their own order. The end-to-end test, with a node agent and
-Docker, is test_node_launch_fairness.py."""
+owner's in their own order, at most `per_owner` of one owner's under way.
+The end-to-end tests, with a node agent and Docker, are in
+test_node_launch_fairness.py."""
 
 from __future__ import annotations
 
@@ -42,10 +43,10 @@ def test_it_gives_the_positions_of_the_launch_order():
     line: LaunchQueue[str] = LaunchQueue()
     line.put(1, "a0")
     line.put(1, "a1")
-    assert line.get() == ("a0", 0)
+    assert line.get() == ("a0", 1, 0)  # (launch, owner, position)
     assert line.put(2, "b0") == 1  # one launch taken before it was queued
-    assert line.get() == ("a1", 1)  # a's turn came first: it was in line before b
-    assert line.get() == ("b0", 2)
+    assert line.get() == ("a1", 1, 1)  # a's turn came first: it was in line before b
+    assert line.get() == ("b0", 2, 2)
 
 
 def test_launches_whose_owner_is_not_known_wait_in_a_line_of_their_own():
@@ -63,4 +64,38 @@ def test_a_launch_thread_waits_for_a_launch_to_be_queued():
     thread.start()
     line.put(1, "a0")
     thread.join(30)
-    assert got == [("a0", 0)]
+    assert got == [("a0", 1, 0)]
+
+
+def test_an_owner_at_their_limit_waits_while_others_launch_and_goes_first_once_under_it():
+    line: LaunchQueue[str] = LaunchQueue(per_owner=2)
+    for number in range(4):
+        line.put(1, f"a{number}")
+    assert taken(line, 2) == ["a0", "a1"]  # a's two under way (staging, say)
+    line.put(2, "b0")
+    line.put(2, "b1")
+    assert taken(line, 1) == ["b0"]  # a's turn, but a is at the limit
+    line.done(1)
+    assert taken(line, 2) == ["a2", "b1"]  # a kept its place in the turn
+
+
+def test_a_launch_thread_waits_while_the_only_owner_with_launches_is_at_their_limit():
+    line: LaunchQueue[str] = LaunchQueue(per_owner=1)
+    line.put(1, "a0")
+    line.put(1, "a1")
+    first = line.get()
+    got: list[str] = []
+    thread = threading.Thread(target=lambda: got.append(line.get().item))
+    thread.start()
+    thread.join(0.2)
+    assert thread.is_alive() and got == []  # a1 waits for a0's launch to be over
+    line.done(first.owner)
+    thread.join(30)
+    assert got == ["a1"]
+
+
+def test_without_a_limit_one_owner_takes_every_launch():
+    line: LaunchQueue[str] = LaunchQueue()
+    for number in range(10):
+        line.put(1, f"a{number}")
+    assert taken(line, 10) == [f"a{number}" for number in range(10)]

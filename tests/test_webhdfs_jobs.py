@@ -8,7 +8,8 @@ through the REST API with $PAI_DEFAULT_FS_URI. With the namenode stopped:
 submission is refused, staging fails, and an output upload waits for HDFS
 to come back (or, past its retry time or once the job is stopped, is kept
 on the node), each saying that HDFS did not answer; the node agent removes
-kept outputs past OUTPUT_KEEP_HOURS.
+kept outputs past OUTPUT_KEEP_HOURS. With HDFS frozen, one user's stagings
+that hang do not hold every launch thread of a node.
 
 Containers here cannot reach the namenode (it listens on 127.0.0.1 only,
 and job networks are isolated): a task reads its data from /pai/data;
@@ -21,21 +22,25 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import docker
 import pytest
 from django.conf import settings
 from django.test import override_settings
 
 from jobs import services, storage
 from jobs.models import State, Stream, TaskAttempt, TaskState
+from jobs.node import launcher
+from jobs.node.runner import LAUNCH_THREADS
 from jobs.node.staging import kept_root
 from jobs.spec import SpecError
 from tests.cluster import Cluster, wait_for
-from tests.helpers import config, lines, login, role, wait_state
+from tests.helpers import config, lines, login, role, stop_node_agent, wait_state
 from tests.test_api import expect
 from tests.test_api import login as api_login
 
@@ -284,3 +289,61 @@ def test_the_node_agent_removes_kept_outputs_past_output_keep_hours(hdfs_portal,
     finally:
         for folder in (old, fresh):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+# ------------------------------------ stagings that hang, and another user
+
+FAIR_NODE, FAIR_GPU_TYPE = "t-node-hdfs-fair", "HDFSFAIR"
+
+
+def test_one_users_stagings_that_hang_leave_a_launch_thread_to_another_users_task(
+        hdfs_portal, hdfs_cluster, alice, bob, tmp_path: Path) -> None:
+    """A launch stages its job's codeDir on its launch thread. Alice's job of
+    LAUNCH_THREADS tasks whose codeDir could not be read (HDFS frozen: it
+    takes connections and answers nothing, up to the client's two-minute
+    read timeout) held every launch thread of the node, and Bob's task,
+    placed just after, waited for them. One owner now holds at most
+    LAUNCHES_PER_OWNER of them (jobs/node/launch_queue.py), and Bob's launch
+    goes ahead: its container is made while its outputDir (on the same
+    frozen HDFS) is, and it runs once HDFS answers."""
+    upload_project(tmp_path, alice)
+    hdfs_portal.start_agent(FAIR_NODE, ports=hdfs_portal.port_range(5), gpus=LAUNCH_THREADS + 1,
+                            gpu_type=FAIR_GPU_TYPE, env=hdfs_cluster.portal_settings())
+    frozen = False
+    try:
+        # The node's GPUs held, so that both jobs are placed by one pass once
+        # HDFS is frozen, alice's tasks first (submissions look at storage,
+        # so they come before).
+        blocker = services.job_submit(owner=bob, config=json.dumps(config(
+            "fair-blocker", role(command="sleep 600", gpus=LAUNCH_THREADS + 1), gpuType=FAIR_GPU_TYPE)))
+        wait_state(blocker, State.RUNNING, timeout=60)
+        hung = services.job_submit(owner=alice, config=json.dumps(config(
+            "fair-hung", role(command="sh run.sh", gpus=1, tasks=LAUNCH_THREADS), gpuType=FAIR_GPU_TYPE,
+            codeDir=f"{hdfs_cluster.fs_uri}/{alice.username}/proj")))
+        other = services.job_submit(owner=bob, config=json.dumps(config(
+            "fair-other", role(command="echo other ran", gpus=1), gpuType=FAIR_GPU_TYPE)))
+        os.kill(hdfs_cluster.popen.pid, signal.SIGSTOP)
+        frozen = True
+        services.job_stop(job=blocker, by=bob)
+
+        engine = docker.from_env()
+        attempt = wait_for(lambda: TaskAttempt.objects.filter(job=other).first(), timeout=60,
+                           what="bob's task to be placed")
+
+        def made() -> bool:
+            return bool(engine.containers.list(all=True, filters={
+                "label": f"{launcher.LABEL_TASK_ATTEMPT}={attempt.pk}"}))
+
+        wait_for(made, timeout=60, what="bob's container to be made while alice's stagings hang")
+        states = set(TaskAttempt.objects.filter(job=hung).values_list("state", flat=True))
+        assert states == {TaskState.LAUNCHING}  # still staging, all of them
+
+        os.kill(hdfs_cluster.popen.pid, signal.SIGCONT)
+        frozen = False
+        other = wait_state(other, State.SUCCEEDED, State.FAILED, timeout=120)
+        assert other.state == State.SUCCEEDED, other.exit_reason
+        assert lines(other) == ["other ran"]
+    finally:
+        if frozen:
+            os.kill(hdfs_cluster.popen.pid, signal.SIGCONT)
+        stop_node_agent(hdfs_portal, FAIR_NODE)

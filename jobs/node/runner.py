@@ -237,7 +237,11 @@ def web_port_addresses(ports: dict[str, list[int]]) -> dict[int, str]:
     return {p: settings.NODE_WEB_PORT_ADDRESS for label, numbers in ports.items() if label in web for p in numbers}
 
 
-LAUNCH_THREADS = 4  # containers a node starts at once; more only queue up in the engine
+# Launches a node makes at once (more only queue up in the engine); one
+# owner's at most one less, so that another user's launch always finds a
+# thread soon, however long one user's stagings last (LaunchQueue).
+LAUNCH_THREADS = 5
+LAUNCHES_PER_OWNER = LAUNCH_THREADS - 1
 
 
 class Runner:
@@ -256,7 +260,7 @@ class Runner:
         self._launching: set[int] = set()  # claimed, not yet handed to a watcher
         self._stop_asked: set[int] = set()  # of those, the ones to stop once started
         self._owners: dict[int, int | None] = {}  # of those, whose they are: their turn in the line
-        self._launches: LaunchQueue[tuple[int, LaunchTiming]] = LaunchQueue()
+        self._launches: LaunchQueue[tuple[int, LaunchTiming]] = LaunchQueue(per_owner=LAUNCHES_PER_OWNER)
         self._network_locks = [threading.Lock() for _ in range(16)]
         self._default_network = DefaultNetwork(context.engine)
         for number in range(LAUNCH_THREADS):
@@ -305,7 +309,7 @@ class Runner:
 
     def _launch_loop(self) -> None:
         while True:
-            (attempt_id, timing), position = self._launches.get()
+            (attempt_id, timing), owner_id, position = self._launches.get()
             timing.count("position", position)
             set_aside = False
             try:
@@ -326,6 +330,7 @@ class Runner:
                         self._owners.pop(attempt_id, None)
                     self._images.finished(attempt_id)
                     timing.write()
+                self._launches.done(owner_id)  # its thread is free, set aside or not
 
     def _stop_was_asked(self, attempt_id: int) -> bool:
         with self._lock:

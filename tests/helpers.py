@@ -134,7 +134,8 @@ def stop_node_agent(cluster, name: str, *, timeout: float = 60) -> None:
         unfinished = list(Job.objects.filter(task_attempts__node__name=name).exclude(state__in=FINAL_STATES)
                           .distinct())
         for job in unfinished:
-            services.job_stop(job=job, by=job.owner)
+            with contextlib.suppress(services.JobStateError):  # it ended since the query
+                services.job_stop(job=job, by=job.owner)
         for job in unfinished:
             wait_state(job, *FINAL_STATES, timeout=timeout)
     finally:

@@ -327,14 +327,20 @@ def test_one_users_stagings_that_hang_leave_a_launch_thread_to_another_users_tas
         services.job_stop(job=blocker, by=bob)
 
         engine = docker.from_env()
-        attempt = wait_for(lambda: TaskAttempt.objects.filter(job=other).first(), timeout=60,
-                           what="bob's task to be placed")
+        try:
+            attempt = wait_for(lambda: TaskAttempt.objects.filter(job=other).first(), timeout=60,
+                               what="bob's task to be placed")
 
-        def made() -> bool:
-            return bool(engine.containers.list(all=True, filters={
-                "label": f"{launcher.LABEL_TASK_ATTEMPT}={attempt.pk}"}))
+            def made() -> bool:
+                return bool(engine.containers.list(all=True, filters={
+                    "label": f"{launcher.LABEL_TASK_ATTEMPT}={attempt.pk}"}))
 
-        wait_for(made, timeout=60, what="bob's container to be made while alice's stagings hang")
+            wait_for(made, timeout=60, what="bob's container to be made while alice's stagings hang")
+        except AssertionError as exc:
+            attempts = list(TaskAttempt.objects.filter(job__in=[blocker, hung, other])
+                            .values_list("job__name", "state", "node_name"))
+            raise AssertionError(f"{exc}\ntask attempts: {attempts}\nthe agent's log:\n"
+                                 f"{hdfs_portal.agent(FAIR_NODE).log_tail(80)}") from exc
         states = set(TaskAttempt.objects.filter(job=hung).values_list("state", flat=True))
         assert states == {TaskState.LAUNCHING}  # still staging, all of them
 

@@ -34,7 +34,8 @@ def reference(hours: int, now: datetime, vc_gpus: dict[str, int] | None = None) 
     """The figures as the dashboard counted them before the database did:
     every interval and every minute's samples read into Python. The minutes
     are added in order (before, in the order the database grouped them:
-    sorted on SQLite, hash order on PostgreSQL, whose last digit could vary)."""
+    sorted on SQLite, hash order on PostgreSQL, whose last digit could vary).
+    All but gpusTotal (see `counted`)."""
     buckets = dashboard.buckets_for(hours, now)
     end = buckets.start + buckets.count * buckets.step
     overlapping = Q(finished_at__isnull=True) | Q(finished_at__gte=buckets.start)
@@ -57,7 +58,7 @@ def reference(hours: int, now: datetime, vc_gpus: dict[str, int] | None = None) 
     tasks = dashboard._count_intervals(buckets, (("tasks", started, finished, 1) for started, finished in (
         TaskAttempt.objects.filter(overlapping, started_at__lt=end).values_list("started_at", "finished_at"))))
     cores, memory = _reference_samples(buckets, end, now)
-    figures = {"times": buckets.times(), "gpusTotal": dashboard._figures(hours, now)["gpusTotal"],
+    figures = {"times": buckets.times(),
                "gpusByVc": gpus_vc, "gpusByUser": {user: users[user] for user in sorted(top)},
                "waitingByVc": dashboard._count_intervals(buckets, waiting),
                "runningByVc": dashboard._count_intervals(buckets, running),
@@ -143,10 +144,19 @@ def edges(make_user) -> Iterator[dict[str, VirtualCluster]]:
     VirtualCluster.objects.filter(pk__in=[vc.pk for vc in made.values()]).delete()
 
 
+def counted(figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures counted over the window. Not gpusTotal, the READY nodes'
+    GPUs now, by one query both ways: the nodes are the live test
+    cluster's, whose agents mark a node left behind by an earlier test lost
+    whenever its heartbeat runs out, between two reads as well (CI 114:
+    162 GPUs, then 158)."""
+    return {name: value for name, value in figures.items() if name != "gpusTotal"}
+
+
 def test_it_counts_every_edge_as_counting_each_interval_did(edges):
     buckets = dashboard.buckets_for(6, NOW)
     figures = dashboard.cluster_over_time(hours=6, now=NOW)
-    assert figures == reference(6, NOW)
+    assert counted(figures) == reference(6, NOW)
     gpus = figures["gpusByVc"]
     covered = lambda name: [i for i, n in enumerate(gpus.get(edges[name].name, [])) if n]  # noqa: E731
     assert covered("from before the window") == [0, 1, 2] and gpus[edges["from before the window"].name][0] == 2
@@ -178,7 +188,7 @@ def test_every_window_in_any_time_zone_gives_the_figures_of_before(edges, hours,
     shares = {edges["still open"].name: 6, edges["from before the window"].name: 1}
     figures = dashboard.cluster_over_time(hours=hours, vc_gpus=shares, now=now)
     expected = reference(hours, now, shares)
-    assert figures == expected
+    assert counted(figures) == expected
     assert list(figures["gpusByVc"]) == list(expected["gpusByVc"])
 
 
@@ -200,7 +210,7 @@ def test_samples_at_each_windows_edges_are_summed_as_before(make_user, zone):
                 TaskUsage(attempt=attempt, at=at, averaged=averaged, cpu_percent=12.34 + n,
                           memory_bytes=2**27 * (n + 1)) for n, at in enumerate(edges) for averaged in (False, True)])
         for hours in dashboard.WINDOWS:
-            assert dashboard.cluster_over_time(hours=hours, now=now) == reference(hours, now), hours
+            assert counted(dashboard.cluster_over_time(hours=hours, now=now)) == reference(hours, now), hours
     finally:
         Job.objects.filter(virtual_cluster=vc).delete()
         vc.delete()

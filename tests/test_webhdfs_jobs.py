@@ -40,7 +40,7 @@ from jobs.node.runner import LAUNCH_THREADS
 from jobs.node.staging import kept_root
 from jobs.spec import SpecError
 from tests.cluster import Cluster, wait_for
-from tests.helpers import config, lines, login, role, stop_node_agent, wait_state
+from tests.helpers import config, lines, login, role, stop_node_agent, submit, wait_state
 from tests.test_api import expect
 from tests.test_api import login as api_login
 
@@ -314,14 +314,12 @@ def test_one_users_stagings_that_hang_leave_a_launch_thread_to_another_users_tas
         # The node's GPUs held, so that both jobs are placed by one pass once
         # HDFS is frozen, alice's tasks first (submissions look at storage,
         # so they come before).
-        blocker = services.job_submit(owner=bob, config=json.dumps(config(
-            "fair-blocker", role(command="sleep 600", gpus=LAUNCH_THREADS + 1), gpuType=FAIR_GPU_TYPE)))
+        blocker = submit(bob, config("fair-blocker", role(command="sleep 600", gpus=LAUNCH_THREADS + 1),
+                                     gpuType=FAIR_GPU_TYPE))
         wait_state(blocker, State.RUNNING, timeout=60)
-        hung = services.job_submit(owner=alice, config=json.dumps(config(
-            "fair-hung", role(command="sh run.sh", gpus=1, tasks=LAUNCH_THREADS), gpuType=FAIR_GPU_TYPE,
-            codeDir=f"{hdfs_cluster.fs_uri}/{alice.username}/proj")))
-        other = services.job_submit(owner=bob, config=json.dumps(config(
-            "fair-other", role(command="echo other ran", gpus=1), gpuType=FAIR_GPU_TYPE)))
+        hung = submit(alice, config("fair-hung", role(command="sh run.sh", gpus=1, tasks=LAUNCH_THREADS),
+                                    gpuType=FAIR_GPU_TYPE, codeDir=f"{hdfs_cluster.fs_uri}/{alice.username}/proj"))
+        other = submit(bob, config("fair-other", role(command="echo other ran", gpus=1), gpuType=FAIR_GPU_TYPE))
         os.kill(hdfs_cluster.popen.pid, signal.SIGSTOP)
         frozen = True
         services.job_stop(job=blocker, by=bob)

@@ -4,6 +4,7 @@ test_api.py's test_remembered_permissions_follow_every_change_at_once."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -105,13 +106,26 @@ def test_last_use_is_written_once_a_minute_per_process(alice):
     assert ApiToken.objects.get(pk=made.token.pk).last_used_at == first
 
 
+def another_process_changes() -> None:
+    """What another portal process's change does in Redis: bump the number
+    and publish it. The PING after it answers only once Redis has written
+    out everything before it, the message to this process included."""
+    permissions_memo.publish_change()
+    queues.connection().ping()
+
+
+def redis_calls(command: str) -> int:
+    stats = queues.connection().info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
 def test_a_request_reads_the_generation_once_but_sees_its_own_changes(alice):
     ask, calls = counting()
     key = ("test", alice.pk)
     permissions_memo.request_started()
     try:
         remembered(key, ask)
-        queues.connection().incr(permissions_memo._generation_key())  # another process's change, mid-request
+        another_process_changes()  # mid-request
         remembered(key, ask)
         assert len(calls) == 1  # answered as of the request's first question
         permissions_changed()  # the request's own change
@@ -119,6 +133,52 @@ def test_a_request_reads_the_generation_once_but_sees_its_own_changes(alice):
         assert len(calls) == 2
     finally:
         permissions_memo.request_finished()
-    queues.connection().incr(permissions_memo._generation_key())
+    another_process_changes()
     remembered(key, ask)
-    assert len(calls) == 3  # outside a request, every call reads the number
+    assert len(calls) == 3  # outside a request, every call takes the changes published
+
+
+def test_it_learns_of_changes_from_its_subscription_without_asking_redis(alice):
+    ask, calls = counting()
+    key = ("test", alice.pk)
+    remembered(key, ask)
+    gets = redis_calls("get")
+    for _ in range(20):
+        remembered(key, ask)
+    # At most one read of the number, if a RECHECK_SECONDS ran out meanwhile.
+    assert redis_calls("get") - gets <= 1
+    assert len(calls) == 1
+    another_process_changes()
+    remembered(key, ask)
+    assert len(calls) == 2
+
+
+def test_a_change_published_while_its_subscription_was_down_is_not_missed(alice):
+    ask, calls = counting()
+    key = ("test", alice.pk)
+    remembered(key, ask)
+    name = permissions_memo.follower_name(os.getpid())
+    ids = [client["id"] for client in queues.connection().client_list() if client["name"] == name]
+    assert len(ids) == 1
+    queues.connection().client_kill_filter(_id=ids[0])
+    another_process_changes()  # nobody of this process hears it
+    remembered(key, ask)  # the dead subscription is found: asked again, and followed anew
+    remembered(key, ask)
+    assert len(calls) == 3
+    remembered(key, ask)
+    assert len(calls) == 3  # following again: kept
+
+
+def test_it_reads_the_number_again_when_no_message_came_for_a_while(alice, monkeypatch):
+    """A subscription that died without a word (or a Redis emptied) is
+    caught by reading the number itself now and then."""
+    ask, calls = counting()
+    key = ("test", alice.pk)
+    monkeypatch.setattr(permissions_memo, "RECHECK_SECONDS", 3600.0)
+    remembered(key, ask)
+    queues.connection().incr(permissions_memo._generation_key())  # changed, and nothing published
+    remembered(key, ask)
+    assert len(calls) == 1  # not heard of yet
+    monkeypatch.setattr(permissions_memo, "RECHECK_SECONDS", 0.0)
+    remembered(key, ask)
+    assert len(calls) == 2

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from jobs import services
 from jobs.models import Job, JobAttempt, Task, VirtualCluster
@@ -350,6 +351,49 @@ def test_a_name_given_twice_in_one_batch_is_stored_once_for_whoever_asked_first(
     assert_stored_whole(alice, "sweep", submissions.results["q1"])
     assert Job.objects.filter(owner=alice, name="twice").count() == 1
     assert Task.objects.filter(job__owner=alice).count() == 3 * 3
+
+
+def test_the_scheduler_is_woken_once_a_batch_is_committed_and_its_write_over(alice, redis_server, monkeypatch):
+    wake_ups: list[tuple[list[bool], bool]] = []
+    submissions = Submissions(alice)
+    queued = [(f"q{i}", f"wake-{i}") for i in range(3)]
+
+    def request_schedule() -> None:
+        # Per wake-up: which of its write's jobs are committed, and whether
+        # the next write could begin meanwhile.
+        names = ["wake-lead"] if not wake_ups else [name for _, name in queued]
+        committed = [Job.objects.filter(owner=alice, name=name).exists() for name in names]
+        wake_ups.append((committed, job_store._queue.writing))
+
+    monkeypatch.setattr(job_store.queues, "request_schedule", request_schedule)
+    queue_behind_a_write(submissions, ("lead", "wake-lead"), *queued)
+
+    for who, name in [("lead", "wake-lead"), *queued]:
+        assert_stored_whole(alice, name, submissions.results[who])
+    # The leader's job alone, then the queued three together: one wake-up
+    # each write, after its commit. The first one's write was over (the lead
+    # handed on to the queued ones: `writing` stays set for them), the last
+    # one's too, with nothing left to write.
+    assert wake_ups == [([True], True), ([True] * 3, False)]
+
+
+def test_a_scheduler_out_of_reach_fails_no_stored_job(alice, redis_server, monkeypatch):
+    """Redis lost between the checks and the commit: the jobs are stored,
+    and their owners are told so (a node agent's next pass finds them).
+    Raised from the commit, it once had the batch written again one by one,
+    and told the owners of stored jobs that their names were taken."""
+    def request_schedule() -> None:
+        raise RedisConnectionError("Redis went away")
+
+    monkeypatch.setattr(job_store.queues, "request_schedule", request_schedule)
+    submissions = Submissions(alice)
+    queued = [(f"q{i}", f"unwoken-{i}") for i in range(3)]
+    queue_behind_a_write(submissions, ("lead", "unwoken-lead"), *queued)
+    for who, name in [("lead", "unwoken-lead"), *queued]:
+        assert_stored_whole(alice, name, submissions.results[who])
+    with transaction.atomic():
+        job = services.job_submit(owner=alice, config=_config("unwoken-inside"))
+    assert_stored_whole(alice, "unwoken-inside", job)
 
 
 def submit_while_the_virtual_cluster_is_deleted(alice) -> Submissions:

@@ -153,15 +153,17 @@ def _lead() -> None:
                 _queue.writing = False
             _queue.ready.notify_all()
     # After the batch's owners have their answers and the next write has
-    # begun: the round trip to Redis held both up while it ran in the
-    # commit (bench/api_submit_rate.py).
+    # begun, rather than from the commit, where its round trip to Redis held
+    # both up (no faster measurably, bench/api_submit_rate.py: the wake-up
+    # is one per batch).
     if any(pending.error is None for pending in batch):
         _wake_scheduler()
 
 
 def _wake_scheduler() -> None:
     """A scheduling pass for the jobs just stored. Without Redis they are
-    stored all the same: a node agent's next pass finds them. Never an
+    stored all the same: a node agent asks for the pass once it finds jobs
+    waiting with no pass for SCHEDULE_REPAIR_SECONDS. Never an
     error of the submissions: raised from the commit, it told owners of
     stored jobs that their names were taken (the batch written again one
     by one)."""

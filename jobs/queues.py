@@ -13,6 +13,7 @@ import time
 import django_rq
 from django.conf import settings
 from redis import Redis
+from redis.commands.core import Script
 from rq import Queue
 
 SCHEDULE_TIMEOUT = 300
@@ -26,6 +27,18 @@ Launch = tuple[str, int, int]
 @functools.cache
 def connection() -> Redis:
     return django_rq.get_connection("default")
+
+
+def script(text: str) -> Script:
+    """The Lua script `text` on the queues' Redis: sent by hash after the
+    first use; redis-py sends the whole script again if Redis restarted and
+    forgot it."""
+    return _registered(connection(), text)
+
+
+@functools.cache
+def _registered(redis: Redis, text: str) -> Script:
+    return redis.register_script(text)
 
 
 def _prefix() -> str:

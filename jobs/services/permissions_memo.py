@@ -54,7 +54,6 @@ from django.db import transaction
 from redis import ConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.client import PubSub
-from redis.commands.core import Script
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -95,15 +94,10 @@ return generation
 """
 
 
-@functools.cache
-def _bump_script(redis: Redis) -> Script:
-    return redis.register_script(_BUMP)
-
-
 def publish_change() -> int:
     """Bump the generation in Redis and tell every process; the new number.
     Raises RedisError."""
-    return int(_bump_script(queues.connection())(keys=[_generation_key()], args=[_channel()]))
+    return int(queues.script(_BUMP)(keys=[_generation_key()], args=[_channel()]))
 
 
 class _Follower:

@@ -28,7 +28,6 @@ per user, counted in Redis directly (one round trip per action).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import time
@@ -40,8 +39,6 @@ from django.contrib.auth import authenticate
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
-from redis import Redis
-from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from jobs import queues
@@ -210,17 +207,10 @@ return {count, redis.call('GET', KEYS[2])}
 """
 
 
-def _count_action(redis: Redis, key: str, since_key: str, now: float, window: int) -> tuple[int, bytes | None]:
+def _count_action(key: str, since_key: str, now: float, window: int) -> tuple[int, bytes | None]:
     """(the count after this action, when the window began)."""
-    count, since = _count_script(redis)(keys=[key, since_key], args=[repr(now), window])
+    count, since = queues.script(_COUNT_ACTION)(keys=[key, since_key], args=[repr(now), window])
     return int(count), since
-
-
-@functools.cache
-def _count_script(redis: Redis) -> Script:
-    """Sent to Redis by hash after the first use; redis-py sends the whole
-    script again if Redis restarted and forgot it."""
-    return redis.register_script(_COUNT_ACTION)
 
 
 def action_wait_seconds(*, action: str, who: str, limit: int, window: int) -> int:
@@ -233,7 +223,7 @@ def action_wait_seconds(*, action: str, who: str, limit: int, window: int) -> in
     key = f"{settings.PAI_INSTANCE}:action:{action}:{digest(who)}"
     now = time.time()
     try:
-        count, since = _count_action(queues.connection(), key, key + ":since", now, window)
+        count, since = _count_action(key, key + ":since", now, window)
     except RedisError:  # Redis is down: never block work on the limiter
         log.warning("rate limit unavailable", exc_info=True)
         return 0

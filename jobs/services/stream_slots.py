@@ -27,7 +27,6 @@ everyone's downloads to stop one user's.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import logging
 import os
@@ -40,8 +39,6 @@ from typing import Generic, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
-from redis import Redis
-from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from jobs import queues
@@ -261,7 +258,7 @@ def stream_slot_take(*, holder: str) -> StreamSlot:
 def _take_holders(slot: StreamSlot, holder: str) -> None:
     limit = settings.STREAMED_RESPONSES_PER_USER
     try:
-        taken = _script(queues.connection(), _TAKE)(keys=[slot.key], args=[slot.member, limit, SLOT_SECONDS])
+        taken = queues.script(_TAKE)(keys=[slot.key], args=[slot.member, limit, SLOT_SECONDS])
     except RedisError:  # Redis is down: never block work on the limiter
         log.warning("stream limit unavailable", exc_info=True)
         slot.counted = False
@@ -297,11 +294,6 @@ def streams_open(*, holder: str) -> int:
     redis = queues.connection()
     seconds, micros = redis.time()
     return redis.zcount(_key(holder), f"({seconds}.{micros:06d}", "+inf")
-
-
-@functools.cache
-def _script(redis: Redis, text: str) -> Script:
-    return redis.register_script(text)
 
 
 # ------------------------------------------- this process's refresher
@@ -347,7 +339,7 @@ def stream_slots_refresh() -> int:
     if not slots:
         return 0
     try:
-        _script(queues.connection(), _REFRESH)(keys=[slot.key for slot in slots],
+        queues.script(_REFRESH)(keys=[slot.key for slot in slots],
                                                args=[SLOT_SECONDS, *(slot.member for slot in slots)])
     except RedisError:  # the next refresh may get through before the slots run out
         log.warning("stream limit unavailable", exc_info=True)

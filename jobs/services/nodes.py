@@ -344,7 +344,7 @@ def _stop_node_tasks(node: Node) -> None:
     active.filter(stop_reason="").update(stop_reason=ExitType.NODE_DRAINED)
     # Not those a user is stopping already: a second stop request kills at once.
     stops = list(active.filter(stop_reason=ExitType.NODE_DRAINED).values_list("node_name", "pk"))
-    transaction.on_commit(lambda: [queues.enqueue_stop(name, pk) for name, pk in stops])
+    transaction.on_commit(lambda: [queues.enqueue_stop(name, pk) for name, pk in stops], robust=True)
 
 
 def node_active_tasks(nodes: list[Node]) -> dict[Node, int]:
@@ -371,5 +371,5 @@ def node_uncordon(*, node: Node) -> Node:
     a scheduling pass so that waiting jobs may start here at once."""
     Node.objects.filter(pk=node.pk).update(schedulable=True, drain_mode=Node.DrainMode.NONE, cordoned_at=None,
                                            cordoned_by="")
-    transaction.on_commit(queues.request_schedule)
+    transaction.on_commit(queues.request_schedule, robust=True)
     return Node.objects.get(pk=node.pk)

@@ -253,7 +253,7 @@ def idle_gpus_notify(*, attempt: TaskAttempt, since: datetime, stop_at: datetime
                                          target=owner.email))
     ids = [delivery.pk for delivery in NotificationDelivery.objects.bulk_create(made)]
     for delivery_id in ids:
-        transaction.on_commit(lambda delivery_id=delivery_id: queues.enqueue_delivery(delivery_id))
+        transaction.on_commit(lambda delivery_id=delivery_id: queues.enqueue_delivery(delivery_id), robust=True)
     return ids
 
 

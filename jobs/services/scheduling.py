@@ -735,7 +735,7 @@ def _carry_out(plan: _Plan, here: LaunchHere | None) -> int:
     tasks start."""
     launches = _place(plan) if plan.decision.placed else []
     _record_waiting(plan)
-    transaction.on_commit(lambda: _send_launches(launches, here))
+    transaction.on_commit(lambda: _send_launches(launches, here), robust=True)
     return len({attempt_id for _name, attempt_id, _owner_id in launches})
 
 

@@ -47,18 +47,12 @@ def redis_away(monkeypatch) -> Callable[[], AbstractContextManager[None]]:
     return away
 
 
-def _client(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def test_a_stop_through_the_api_is_made_and_said_so_when_redis_is_away(alice, node, redis_away, caplog):
+def test_a_stop_through_the_api_is_made_and_said_so_when_redis_is_away(alice, alice_client, node, redis_away, caplog):
     job = gpu_job(alice, node, role(tasks=2))
     start(job)
     with redis_away():
-        answer = _client(alice).put(f"/api/v1/user/{alice.username}/jobs/{job.name}/executionType", data='{"value": "STOP"}',
-                                    content_type="application/json")
+        answer = alice_client.put(f"/api/v1/user/{alice.username}/jobs/{job.name}/executionType",
+                                  data='{"value": "STOP"}', content_type="application/json")
     assert answer.status_code == 202, answer.content[:500]
     job = fresh(job)
     assert job.state == State.STOPPING and job.stop_requested_by == alice
@@ -66,11 +60,11 @@ def test_a_stop_through_the_api_is_made_and_said_so_when_redis_is_away(alice, no
     assert "Error calling" in caplog.text and "on_commit" in caplog.text  # said in the log, not to the user
 
 
-def test_a_stop_from_the_job_page_is_made_when_redis_is_away(alice, node, redis_away):
+def test_a_stop_from_the_job_page_is_made_when_redis_is_away(alice, alice_client, node, redis_away):
     job = gpu_job(alice, node)
     start(job)
     with redis_away():
-        answer = _client(alice).post(f"/jobs/{job.pk}/stop/")
+        answer = alice_client.post(f"/jobs/{job.pk}/stop/")
     assert answer.status_code == 302
     assert fresh(job).state == State.STOPPING
 
@@ -91,7 +85,8 @@ def test_an_exit_that_ends_its_job_is_recorded_whole_when_redis_is_away(alice, n
 def test_an_admins_drain_and_uncordon_are_made_when_redis_is_away(admin_user, alice, node, redis_away):
     job = gpu_job(alice, node)
     start(job)
-    admin = _client(admin_user)
+    admin = Client()
+    admin.force_login(admin_user)
     with redis_away():
         answer = admin.post(f"/nodes/{node.pk}/drain/", {"mode": "stop"})
     assert answer.status_code == 302

@@ -340,7 +340,7 @@ def stream_slots_refresh() -> int:
         return 0
     try:
         queues.script(_REFRESH)(keys=[slot.key for slot in slots],
-                                               args=[SLOT_SECONDS, *(slot.member for slot in slots)])
+                                args=[SLOT_SECONDS, *(slot.member for slot in slots)])
     except RedisError:  # the next refresh may get through before the slots run out
         log.warning("stream limit unavailable", exc_info=True)
     return len(slots)
